@@ -1,0 +1,42 @@
+"""Pure keep / offload / drop policies (installed as ``kvstore.policies``).
+
+Registry: a name maps to a lazy import; unknown names are refused with the list
+of valid ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+
+from kvstore.policies.base import BlockInfo, Hint, Move, Policy, TierSpec
+
+__all__ = ["BlockInfo", "Hint", "Move", "Policy", "TierSpec", "available", "create", "register"]
+
+_REGISTRY: dict[str, str] = {
+    "lru": "kvstore.policies.lru:LRUPolicy",
+}
+
+
+def register(name: str, target: str) -> None:
+    """Register ``name`` -> ``"module:Class"``; duplicates are refused."""
+    if name in _REGISTRY:
+        raise ValueError(f"policy {name!r} is already registered ({_REGISTRY[name]})")
+    _REGISTRY[name] = target
+
+
+def available() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def create(name: str, tiers: Sequence[TierSpec], **options: object) -> Policy:
+    try:
+        target = _REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown policy {name!r}; valid: {', '.join(available())}"
+        ) from None
+    module_name, _, cls_name = target.partition(":")
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    policy: Policy = cls(tiers, **options)
+    return policy
