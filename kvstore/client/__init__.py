@@ -1,0 +1,9 @@
+"""Clients of the kvstore sidecar: :class:`KVStoreClient` (blocking) and
+:class:`AsyncKVStoreClient` (asyncio). Both pick the shared-memory data plane
+when the server is on this host and fall back to gRPC streaming otherwise."""
+
+from kvstore.client._common import LookupResult, Stats, TierStat
+from kvstore.client.aio import AsyncKVStoreClient
+from kvstore.client.sync import KVStoreClient
+
+__all__ = ["AsyncKVStoreClient", "KVStoreClient", "LookupResult", "Stats", "TierStat"]

@@ -63,6 +63,10 @@ class Tier(ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources. Idempotent."""
 
+    def unwrap(self) -> Tier:
+        """The innermost tier under any decorators (for capability checks)."""
+        return self
+
     # Batch forms: a default loop; tiers override where a batch is cheaper.
     async def put_many(self, items: Sequence[tuple[BlockMeta, bytes | memoryview]]) -> None:
         for meta, payload in items:
@@ -112,6 +116,10 @@ class SlotTier(Protocol):
 
     def locate(self, key: BlockKey) -> Slot:
         """Where a stored block's bytes are. Raises BlockNotFound."""
+        ...
+
+    def check_descriptor(self, segment: str, offset: int, length: int) -> None:
+        """Raise BadDescriptor unless the range lies inside one of our segments."""
         ...
 
 

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18kvstore/v1/kvstore.proto\x12\nkvstore.v1\"\x8f\x01\n\x0b\x42lockHeader\x12\x12\n\nblock_hash\x18\x01 \x01(\x0c\x12\x13\n\x0bparent_hash\x18\x02 \x01(\x0c\x12\x11\n\ttoken_ids\x18\x03 \x03(\x03\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\x04\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x10\n\x08workload\x18\x07 \x01(\t\"A\n\x05\x42lock\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x17.kvstore.v1.BlockHeader\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"x\n\x0eSlotDescriptor\x12\x0f\n\x07segment\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\x12\x12\n\nblock_hash\x18\x04 \x01(\x0c\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\x04\x12\x0f\n\x07slot_id\x18\x06 \x01(\x04\"^\n\rLookupRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x10\n\x08workload\x18\x04 \x01(\t\"D\n\x0eLookupResponse\x12\x0f\n\x07num_hit\x18\x01 \x01(\r\x12!\n\x05media\x18\x02 \x03(\x0e\x32\x12.kvstore.v1.Medium\"h\n\nPutRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12!\n\x06\x62locks\x18\x02 \x03(\x0b\x32\x11.kvstore.v1.Block\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x10\n\x08workload\x18\x04 \x01(\t\"/\n\x0bPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\r\x12\x10\n\x08\x65xisting\x18\x02 \x01(\r\"5\n\nGetRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\"A\n\x0bGetResponse\x12!\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x11.kvstore.v1.Block\x12\x0f\n\x07indices\x18\x02 \x03(\r\"\x11\n\x0fSegmentsRequest\")\n\x0bSegmentInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\"N\n\x10SegmentsResponse\x12)\n\x08segments\x18\x01 \x03(\x0b\x32\x17.kvstore.v1.SegmentInfo\x12\x0f\n\x07host_id\x18\x02 \x01(\t\"H\n\x0eReserveRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05sizes\x18\x02 \x03(\x04\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x0c\"S\n\x0fReserveResponse\x12)\n\x05slots\x18\x01 \x03(\x0b\x32\x1a.kvstore.v1.SlotDescriptor\x12\x15\n\rlease_seconds\x18\x02 \x01(\x01\"\x84\x01\n\rCommitRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x10\n\x08slot_ids\x18\x02 \x03(\x04\x12(\n\x07headers\x18\x03 \x03(\x0b\x32\x17.kvstore.v1.BlockHeader\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x10\n\x08workload\x18\x05 \x01(\t\" \n\x0e\x43ommitResponse\x12\x0e\n\x06stored\x18\x01 \x01(\r\" \n\x0c\x41\x62ortRequest\x12\x10\n\x08slot_ids\x18\x01 \x03(\x04\"\x0f\n\rAbortResponse\"P\n\x0e\x41\x63quireRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\x12\x15\n\rlease_seconds\x18\x03 \x01(\x01\"\x8f\x01\n\x0f\x41\x63quireResponse\x12\x10\n\x08lease_id\x18\x01 \x01(\x04\x12)\n\x05slots\x18\x02 \x03(\x0b\x32\x1a.kvstore.v1.SlotDescriptor\x12(\n\x07headers\x18\x03 \x03(\x0b\x32\x17.kvstore.v1.BlockHeader\x12\x15\n\rlease_seconds\x18\x04 \x01(\x01\"\"\n\x0eReleaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\x04\"\x11\n\x0fReleaseResponse\"8\n\rDeleteRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\r\"|\n\x0bHintRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65vent\x18\x02 \x01(\t\x12\x10\n\x08workload\x18\x03 \x01(\t\x12\x0c\n\x04tool\x18\x04 \x01(\t\x12\x17\n\x0f\x65xpected_gap_ms\x18\x05 \x01(\x01\x12\x11\n\tnamespace\x18\x06 \x01(\t\"\x1d\n\x0cHintResponse\x12\r\n\x05moves\x18\x01 \x01(\r\"\x0e\n\x0cStatsRequest\"\x9a\x01\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x06medium\x18\x02 \x01(\x0e\x32\x12.kvstore.v1.Medium\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x03 \x01(\x04\x12\x12\n\nused_bytes\x18\x04 \x01(\x04\x12\x0e\n\x06\x62locks\x18\x05 \x01(\x04\x12\x0c\n\x04hits\x18\x06 \x01(\x04\x12\x11\n\tevictions\x18\x07 \x01(\x04\"\xb6\x02\n\rStatsResponse\x12$\n\x05tiers\x18\x01 \x03(\x0b\x32\x15.kvstore.v1.TierStats\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\x12\n\nnamespaces\x18\x03 \x01(\x04\x12\x0f\n\x07lookups\x18\x04 \x01(\x04\x12\x19\n\x11lookup_hit_blocks\x18\x05 \x01(\x04\x12\x1a\n\x12lookup_miss_blocks\x18\x06 \x01(\x04\x12\x0c\n\x04puts\x18\x07 \x01(\x04\x12\x0c\n\x04gets\x18\x08 \x01(\x04\x12\x10\n\x08\x62ytes_in\x18\t \x01(\x04\x12\x11\n\tbytes_out\x18\n \x01(\x04\x12\x15\n\rpending_moves\x18\x0b \x01(\x04\x12\x0f\n\x07version\x18\x0c \x01(\t\x12\x10\n\x08sessions\x18\r \x01(\x04\x12\x18\n\x10\x65vents_published\x18\x0e \x01(\x04\"%\n\x10SubscribeRequest\x12\x11\n\tstart_seq\x18\x01 \x01(\x03\"6\n\nEventBatch\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\n\n\x02ts\x18\x02 \x01(\x01\x12\x0f\n\x07payload\x18\x03 \x01(\x0c*d\n\x06Medium\x12\x16\n\x12MEDIUM_UNSPECIFIED\x10\x00\x12\x0e\n\nMEDIUM_GPU\x10\x01\x12\x0e\n\nMEDIUM_CPU\x10\x02\x12\x0f\n\x0bMEDIUM_DISK\x10\x03\x12\x11\n\rMEDIUM_REMOTE\x10\x04\x32\xd5\x06\n\x07KVStore\x12?\n\x06Lookup\x12\x19.kvstore.v1.LookupRequest\x1a\x1a.kvstore.v1.LookupResponse\x12\x38\n\x03Put\x12\x16.kvstore.v1.PutRequest\x1a\x17.kvstore.v1.PutResponse(\x01\x12\x38\n\x03Get\x12\x16.kvstore.v1.GetRequest\x1a\x17.kvstore.v1.GetResponse0\x01\x12\x45\n\x08Segments\x12\x1b.kvstore.v1.SegmentsRequest\x1a\x1c.kvstore.v1.SegmentsResponse\x12\x42\n\x07Reserve\x12\x1a.kvstore.v1.ReserveRequest\x1a\x1b.kvstore.v1.ReserveResponse\x12?\n\x06\x43ommit\x12\x19.kvstore.v1.CommitRequest\x1a\x1a.kvstore.v1.CommitResponse\x12<\n\x05\x41\x62ort\x12\x18.kvstore.v1.AbortRequest\x1a\x19.kvstore.v1.AbortResponse\x12\x42\n\x07\x41\x63quire\x12\x1a.kvstore.v1.AcquireRequest\x1a\x1b.kvstore.v1.AcquireResponse\x12\x42\n\x07Release\x12\x1a.kvstore.v1.ReleaseRequest\x1a\x1b.kvstore.v1.ReleaseResponse\x12?\n\x06\x44\x65lete\x12\x19.kvstore.v1.DeleteRequest\x1a\x1a.kvstore.v1.DeleteResponse\x12\x39\n\x04Hint\x12\x17.kvstore.v1.HintRequest\x1a\x18.kvstore.v1.HintResponse\x12<\n\x05Stats\x12\x18.kvstore.v1.StatsRequest\x1a\x19.kvstore.v1.StatsResponse\x12I\n\x0fSubscribeEvents\x12\x1c.kvstore.v1.SubscribeRequest\x1a\x16.kvstore.v1.EventBatch0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18kvstore/v1/kvstore.proto\x12\nkvstore.v1\"\x8f\x01\n\x0b\x42lockHeader\x12\x12\n\nblock_hash\x18\x01 \x01(\x0c\x12\x13\n\x0bparent_hash\x18\x02 \x01(\x0c\x12\x11\n\ttoken_ids\x18\x03 \x03(\x03\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\x04\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x10\n\x08workload\x18\x07 \x01(\t\"A\n\x05\x42lock\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x17.kvstore.v1.BlockHeader\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"x\n\x0eSlotDescriptor\x12\x0f\n\x07segment\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\x12\x12\n\nblock_hash\x18\x04 \x01(\x0c\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\x04\x12\x0f\n\x07slot_id\x18\x06 \x01(\x04\"^\n\rLookupRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x10\n\x08workload\x18\x04 \x01(\t\"D\n\x0eLookupResponse\x12\x0f\n\x07num_hit\x18\x01 \x01(\r\x12!\n\x05media\x18\x02 \x03(\x0e\x32\x12.kvstore.v1.Medium\"h\n\nPutRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12!\n\x06\x62locks\x18\x02 \x03(\x0b\x32\x11.kvstore.v1.Block\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x10\n\x08workload\x18\x04 \x01(\t\"/\n\x0bPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\r\x12\x10\n\x08\x65xisting\x18\x02 \x01(\r\"5\n\nGetRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\"A\n\x0bGetResponse\x12!\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x11.kvstore.v1.Block\x12\x0f\n\x07indices\x18\x02 \x03(\r\"\x11\n\x0fSegmentsRequest\")\n\x0bSegmentInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\"N\n\x10SegmentsResponse\x12)\n\x08segments\x18\x01 \x03(\x0b\x32\x17.kvstore.v1.SegmentInfo\x12\x0f\n\x07host_id\x18\x02 \x01(\t\"H\n\x0eReserveRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05sizes\x18\x02 \x03(\x04\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x0c\"S\n\x0fReserveResponse\x12)\n\x05slots\x18\x01 \x03(\x0b\x32\x1a.kvstore.v1.SlotDescriptor\x12\x15\n\rlease_seconds\x18\x02 \x01(\x01\"\x9d\x01\n\rCommitRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12)\n\x05slots\x18\x02 \x03(\x0b\x32\x1a.kvstore.v1.SlotDescriptor\x12(\n\x07headers\x18\x03 \x03(\x0b\x32\x17.kvstore.v1.BlockHeader\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x10\n\x08workload\x18\x05 \x01(\t\" \n\x0e\x43ommitResponse\x12\x0e\n\x06stored\x18\x01 \x01(\r\" \n\x0c\x41\x62ortRequest\x12\x10\n\x08slot_ids\x18\x01 \x03(\x04\"\x0f\n\rAbortResponse\"P\n\x0e\x41\x63quireRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\x12\x15\n\rlease_seconds\x18\x03 \x01(\x01\"\x8f\x01\n\x0f\x41\x63quireResponse\x12\x10\n\x08lease_id\x18\x01 \x01(\x04\x12)\n\x05slots\x18\x02 \x03(\x0b\x32\x1a.kvstore.v1.SlotDescriptor\x12(\n\x07headers\x18\x03 \x03(\x0b\x32\x17.kvstore.v1.BlockHeader\x12\x15\n\rlease_seconds\x18\x04 \x01(\x01\"\"\n\x0eReleaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\x04\"\x11\n\x0fReleaseResponse\"8\n\rDeleteRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\r\"|\n\x0bHintRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65vent\x18\x02 \x01(\t\x12\x10\n\x08workload\x18\x03 \x01(\t\x12\x0c\n\x04tool\x18\x04 \x01(\t\x12\x17\n\x0f\x65xpected_gap_ms\x18\x05 \x01(\x01\x12\x11\n\tnamespace\x18\x06 \x01(\t\"\x1d\n\x0cHintResponse\x12\r\n\x05moves\x18\x01 \x01(\r\"\x0e\n\x0cStatsRequest\"\x9a\x01\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x06medium\x18\x02 \x01(\x0e\x32\x12.kvstore.v1.Medium\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x03 \x01(\x04\x12\x12\n\nused_bytes\x18\x04 \x01(\x04\x12\x0e\n\x06\x62locks\x18\x05 \x01(\x04\x12\x0c\n\x04hits\x18\x06 \x01(\x04\x12\x11\n\tevictions\x18\x07 \x01(\x04\"\xb6\x02\n\rStatsResponse\x12$\n\x05tiers\x18\x01 \x03(\x0b\x32\x15.kvstore.v1.TierStats\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\x12\n\nnamespaces\x18\x03 \x01(\x04\x12\x0f\n\x07lookups\x18\x04 \x01(\x04\x12\x19\n\x11lookup_hit_blocks\x18\x05 \x01(\x04\x12\x1a\n\x12lookup_miss_blocks\x18\x06 \x01(\x04\x12\x0c\n\x04puts\x18\x07 \x01(\x04\x12\x0c\n\x04gets\x18\x08 \x01(\x04\x12\x10\n\x08\x62ytes_in\x18\t \x01(\x04\x12\x11\n\tbytes_out\x18\n \x01(\x04\x12\x15\n\rpending_moves\x18\x0b \x01(\x04\x12\x0f\n\x07version\x18\x0c \x01(\t\x12\x10\n\x08sessions\x18\r \x01(\x04\x12\x18\n\x10\x65vents_published\x18\x0e \x01(\x04\"%\n\x10SubscribeRequest\x12\x11\n\tstart_seq\x18\x01 \x01(\x03\"6\n\nEventBatch\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\n\n\x02ts\x18\x02 \x01(\x01\x12\x0f\n\x07payload\x18\x03 \x01(\x0c*d\n\x06Medium\x12\x16\n\x12MEDIUM_UNSPECIFIED\x10\x00\x12\x0e\n\nMEDIUM_GPU\x10\x01\x12\x0e\n\nMEDIUM_CPU\x10\x02\x12\x0f\n\x0bMEDIUM_DISK\x10\x03\x12\x11\n\rMEDIUM_REMOTE\x10\x04\x32\xd5\x06\n\x07KVStore\x12?\n\x06Lookup\x12\x19.kvstore.v1.LookupRequest\x1a\x1a.kvstore.v1.LookupResponse\x12\x38\n\x03Put\x12\x16.kvstore.v1.PutRequest\x1a\x17.kvstore.v1.PutResponse(\x01\x12\x38\n\x03Get\x12\x16.kvstore.v1.GetRequest\x1a\x17.kvstore.v1.GetResponse0\x01\x12\x45\n\x08Segments\x12\x1b.kvstore.v1.SegmentsRequest\x1a\x1c.kvstore.v1.SegmentsResponse\x12\x42\n\x07Reserve\x12\x1a.kvstore.v1.ReserveRequest\x1a\x1b.kvstore.v1.ReserveResponse\x12?\n\x06\x43ommit\x12\x19.kvstore.v1.CommitRequest\x1a\x1a.kvstore.v1.CommitResponse\x12<\n\x05\x41\x62ort\x12\x18.kvstore.v1.AbortRequest\x1a\x19.kvstore.v1.AbortResponse\x12\x42\n\x07\x41\x63quire\x12\x1a.kvstore.v1.AcquireRequest\x1a\x1b.kvstore.v1.AcquireResponse\x12\x42\n\x07Release\x12\x1a.kvstore.v1.ReleaseRequest\x1a\x1b.kvstore.v1.ReleaseResponse\x12?\n\x06\x44\x65lete\x12\x19.kvstore.v1.DeleteRequest\x1a\x1a.kvstore.v1.DeleteResponse\x12\x39\n\x04Hint\x12\x17.kvstore.v1.HintRequest\x1a\x18.kvstore.v1.HintResponse\x12<\n\x05Stats\x12\x18.kvstore.v1.StatsRequest\x1a\x19.kvstore.v1.StatsResponse\x12I\n\x0fSubscribeEvents\x12\x1c.kvstore.v1.SubscribeRequest\x1a\x16.kvstore.v1.EventBatch0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvstore.v1.kvstore_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MEDIUM']._serialized_start=2453
-  _globals['_MEDIUM']._serialized_end=2553
+  _globals['_MEDIUM']._serialized_start=2478
+  _globals['_MEDIUM']._serialized_end=2578
   _globals['_BLOCKHEADER']._serialized_start=41
   _globals['_BLOCKHEADER']._serialized_end=184
   _globals['_BLOCK']._serialized_start=186
@@ -62,39 +62,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESERVERESPONSE']._serialized_start=1034
   _globals['_RESERVERESPONSE']._serialized_end=1117
   _globals['_COMMITREQUEST']._serialized_start=1120
-  _globals['_COMMITREQUEST']._serialized_end=1252
-  _globals['_COMMITRESPONSE']._serialized_start=1254
-  _globals['_COMMITRESPONSE']._serialized_end=1286
-  _globals['_ABORTREQUEST']._serialized_start=1288
-  _globals['_ABORTREQUEST']._serialized_end=1320
-  _globals['_ABORTRESPONSE']._serialized_start=1322
-  _globals['_ABORTRESPONSE']._serialized_end=1337
-  _globals['_ACQUIREREQUEST']._serialized_start=1339
-  _globals['_ACQUIREREQUEST']._serialized_end=1419
-  _globals['_ACQUIRERESPONSE']._serialized_start=1422
-  _globals['_ACQUIRERESPONSE']._serialized_end=1565
-  _globals['_RELEASEREQUEST']._serialized_start=1567
-  _globals['_RELEASEREQUEST']._serialized_end=1601
-  _globals['_RELEASERESPONSE']._serialized_start=1603
-  _globals['_RELEASERESPONSE']._serialized_end=1620
-  _globals['_DELETEREQUEST']._serialized_start=1622
-  _globals['_DELETEREQUEST']._serialized_end=1678
-  _globals['_DELETERESPONSE']._serialized_start=1680
-  _globals['_DELETERESPONSE']._serialized_end=1713
-  _globals['_HINTREQUEST']._serialized_start=1715
-  _globals['_HINTREQUEST']._serialized_end=1839
-  _globals['_HINTRESPONSE']._serialized_start=1841
-  _globals['_HINTRESPONSE']._serialized_end=1870
-  _globals['_STATSREQUEST']._serialized_start=1872
-  _globals['_STATSREQUEST']._serialized_end=1886
-  _globals['_TIERSTATS']._serialized_start=1889
-  _globals['_TIERSTATS']._serialized_end=2043
-  _globals['_STATSRESPONSE']._serialized_start=2046
-  _globals['_STATSRESPONSE']._serialized_end=2356
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=2358
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=2395
-  _globals['_EVENTBATCH']._serialized_start=2397
-  _globals['_EVENTBATCH']._serialized_end=2451
-  _globals['_KVSTORE']._serialized_start=2556
-  _globals['_KVSTORE']._serialized_end=3409
+  _globals['_COMMITREQUEST']._serialized_end=1277
+  _globals['_COMMITRESPONSE']._serialized_start=1279
+  _globals['_COMMITRESPONSE']._serialized_end=1311
+  _globals['_ABORTREQUEST']._serialized_start=1313
+  _globals['_ABORTREQUEST']._serialized_end=1345
+  _globals['_ABORTRESPONSE']._serialized_start=1347
+  _globals['_ABORTRESPONSE']._serialized_end=1362
+  _globals['_ACQUIREREQUEST']._serialized_start=1364
+  _globals['_ACQUIREREQUEST']._serialized_end=1444
+  _globals['_ACQUIRERESPONSE']._serialized_start=1447
+  _globals['_ACQUIRERESPONSE']._serialized_end=1590
+  _globals['_RELEASEREQUEST']._serialized_start=1592
+  _globals['_RELEASEREQUEST']._serialized_end=1626
+  _globals['_RELEASERESPONSE']._serialized_start=1628
+  _globals['_RELEASERESPONSE']._serialized_end=1645
+  _globals['_DELETEREQUEST']._serialized_start=1647
+  _globals['_DELETEREQUEST']._serialized_end=1703
+  _globals['_DELETERESPONSE']._serialized_start=1705
+  _globals['_DELETERESPONSE']._serialized_end=1738
+  _globals['_HINTREQUEST']._serialized_start=1740
+  _globals['_HINTREQUEST']._serialized_end=1864
+  _globals['_HINTRESPONSE']._serialized_start=1866
+  _globals['_HINTRESPONSE']._serialized_end=1895
+  _globals['_STATSREQUEST']._serialized_start=1897
+  _globals['_STATSREQUEST']._serialized_end=1911
+  _globals['_TIERSTATS']._serialized_start=1914
+  _globals['_TIERSTATS']._serialized_end=2068
+  _globals['_STATSRESPONSE']._serialized_start=2071
+  _globals['_STATSRESPONSE']._serialized_end=2381
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=2383
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=2420
+  _globals['_EVENTBATCH']._serialized_start=2422
+  _globals['_EVENTBATCH']._serialized_end=2476
+  _globals['_KVSTORE']._serialized_start=2581
+  _globals['_KVSTORE']._serialized_end=3434
 # @@protoc_insertion_point(module_scope)

@@ -157,18 +157,18 @@ class ReserveResponse(_message.Message):
     def __init__(self, slots: _Optional[_Iterable[_Union[SlotDescriptor, _Mapping]]] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("namespace", "slot_ids", "headers", "session_id", "workload")
+    __slots__ = ("namespace", "slots", "headers", "session_id", "workload")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
-    SLOT_IDS_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
     HEADERS_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     namespace: str
-    slot_ids: _containers.RepeatedScalarFieldContainer[int]
+    slots: _containers.RepeatedCompositeFieldContainer[SlotDescriptor]
     headers: _containers.RepeatedCompositeFieldContainer[BlockHeader]
     session_id: str
     workload: str
-    def __init__(self, namespace: _Optional[str] = ..., slot_ids: _Optional[_Iterable[int]] = ..., headers: _Optional[_Iterable[_Union[BlockHeader, _Mapping]]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ...) -> None: ...
+    def __init__(self, namespace: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotDescriptor, _Mapping]]] = ..., headers: _Optional[_Iterable[_Union[BlockHeader, _Mapping]]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ...) -> None: ...
 
 class CommitResponse(_message.Message):
     __slots__ = ("stored",)

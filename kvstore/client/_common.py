@@ -1,0 +1,160 @@
+"""What the sync and async clients share: message building, shared-memory
+copies and error translation. No I/O on the network here."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from multiprocessing.shared_memory import SharedMemory
+
+import grpc
+
+from kvstore import errors
+from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
+from kvstore.errors import BadDescriptor, KVStoreError, Unavailable
+from kvstore.types import BlockData, Medium
+
+__all__ = ["LookupResult", "SegmentCache", "Stats", "batches", "translate"]
+
+_MEDIA = {pb.MEDIUM_GPU: Medium.GPU, pb.MEDIUM_CPU: Medium.CPU, pb.MEDIUM_DISK: Medium.DISK,
+          pb.MEDIUM_REMOTE: Medium.REMOTE}
+
+#: Blocks per Put message / shared-memory batch (bounded by bytes too).
+BATCH_BYTES = 16 * 2**20
+BATCH_BLOCKS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class LookupResult:
+    """``num_hit`` leading blocks are stored; ``media[i]`` is the fastest tier of block i."""
+
+    num_hit: int
+    media: tuple[Medium, ...]
+
+    @classmethod
+    def from_pb(cls, resp: pb.LookupResponse) -> LookupResult:
+        return cls(resp.num_hit, tuple(_MEDIA[m] for m in resp.media))
+
+
+@dataclass(frozen=True, slots=True)
+class TierStat:
+    name: str
+    medium: Medium
+    capacity_bytes: int
+    used_bytes: int
+    blocks: int
+    hits: int
+    evictions: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    tiers: tuple[TierStat, ...]
+    blocks: int
+    namespaces: int
+    lookups: int
+    lookup_hit_blocks: int
+    lookup_miss_blocks: int
+    puts: int
+    gets: int
+    bytes_in: int
+    bytes_out: int
+    pending_moves: int
+    events_published: int
+    version: str
+
+    @classmethod
+    def from_pb(cls, r: pb.StatsResponse) -> Stats:
+        return cls(
+            tiers=tuple(TierStat(t.name, _MEDIA[t.medium], t.capacity_bytes, t.used_bytes,
+                                 t.blocks, t.hits, t.evictions) for t in r.tiers),
+            blocks=r.blocks, namespaces=r.namespaces, lookups=r.lookups,
+            lookup_hit_blocks=r.lookup_hit_blocks, lookup_miss_blocks=r.lookup_miss_blocks,
+            puts=r.puts, gets=r.gets, bytes_in=r.bytes_in, bytes_out=r.bytes_out,
+            pending_moves=r.pending_moves, events_published=r.events_published,
+            version=r.version,
+        )
+
+    def tier(self, name: str) -> TierStat:
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+
+def header(b: BlockData, size: int) -> pb.BlockHeader:
+    return pb.BlockHeader(block_hash=bytes(b.block_hash), parent_hash=bytes(b.parent_hash or b""),
+                          token_ids=list(b.token_ids), size=size)
+
+
+def batches(blocks: Sequence[BlockData]) -> Iterator[Sequence[BlockData]]:
+    """Split into batches of at most BATCH_BLOCKS blocks / ~BATCH_BYTES bytes."""
+    start, size = 0, 0
+    for i, b in enumerate(blocks):
+        n = len(b.payload)
+        if i > start and (size + n > BATCH_BYTES or i - start >= BATCH_BLOCKS):
+            yield blocks[start:i]
+            start, size = i, 0
+        size += n
+    if start < len(blocks):
+        yield blocks[start:]
+
+
+def put_requests(namespace: str, blocks: Sequence[BlockData], session_id: str,
+                 workload: str) -> Iterator[pb.PutRequest]:
+    for batch in batches(blocks):
+        yield pb.PutRequest(
+            namespace=namespace, session_id=session_id, workload=workload,
+            blocks=[pb.Block(header=header(b, len(b.payload)), payload=bytes(b.payload))
+                    for b in batch])
+
+
+def block_from_pb(h: pb.BlockHeader, payload: bytes) -> BlockData:
+    return BlockData(h.block_hash, h.parent_hash or None, tuple(h.token_ids), payload)
+
+
+def translate(exc: grpc.RpcError, address: str) -> KVStoreError:
+    """A grpc error as our exception, keeping the server's class when it sent one."""
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    kind = ""
+    trailers = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    for k, v in trailers or ():
+        if k == "kvstore-error":
+            kind = v if isinstance(v, str) else v.decode()
+    cls = getattr(errors, kind, None)
+    if isinstance(cls, type) and issubclass(cls, KVStoreError):
+        return cls(details)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return Unavailable(f"kvstore server at {address} unreachable: {details}")
+    return errors.error_for_status(code.name if code else "UNKNOWN", details or str(exc))
+
+
+class SegmentCache:
+    """Shared-memory segments of the server, attached once per process."""
+
+    def __init__(self) -> None:
+        self._segs: dict[str, SharedMemory] = {}
+
+    def buf(self, name: str) -> memoryview:
+        seg = self._segs.get(name)
+        if seg is None:
+            from kvstore.tiers.shm import attach_segment
+
+            seg = self._segs[name] = attach_segment(name)
+        return seg.buf
+
+    def region(self, d: pb.SlotDescriptor) -> memoryview:
+        buf = self.buf(d.segment)
+        if d.offset + d.length > len(buf):
+            raise BadDescriptor(
+                f"server gave descriptor {d.segment}@{d.offset}+{d.length} outside the segment "
+                f"({len(buf)} bytes)")
+        return buf[d.offset:d.offset + d.length]
+
+    def close(self) -> None:
+        for seg in self._segs.values():
+            with contextlib.suppress(BufferError):
+                seg.close()
+        self._segs.clear()

@@ -1,0 +1,212 @@
+"""The asyncio client: the same surface as :class:`KVStoreClient`, awaitable."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+
+from kvstore._host import host_id
+from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
+from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
+from kvstore.client._common import (
+    LookupResult,
+    SegmentCache,
+    Stats,
+    batches,
+    block_from_pb,
+    header,
+    put_requests,
+    translate,
+)
+from kvstore.errors import KVStoreError, LeaseExpired, TierFull
+from kvstore.types import BlockData
+
+__all__ = ["AsyncKVStoreClient"]
+
+log = logging.getLogger(__name__)
+
+_MAX_MESSAGE = 256 * 2**20
+
+
+class AsyncKVStoreClient:
+    """``async with AsyncKVStoreClient("127.0.0.1:50051") as c: await c.put(...)``."""
+
+    def __init__(self, address: str = "127.0.0.1:50051", *, timeout: float = 30.0,
+                 shared_memory: bool | None = None) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._channel = grpc.aio.insecure_channel(address, options=[
+            ("grpc.max_receive_message_length", _MAX_MESSAGE),
+            ("grpc.max_send_message_length", _MAX_MESSAGE),
+        ])
+        self._stub = pb_grpc.KVStoreStub(self._channel)
+        self._want_shm = shared_memory
+        self._shm: bool | None = None
+        self._segments = SegmentCache()
+
+    async def _call(self, method: Any, request: Any) -> Any:
+        try:
+            return await method(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise translate(exc, self.address) from exc
+
+    async def uses_shared_memory(self) -> bool:
+        if self._shm is None:
+            self._shm = await self._probe_shm()
+        return self._shm
+
+    async def _probe_shm(self) -> bool:
+        if self._want_shm is False:
+            return False
+        try:
+            resp = await self._call(self._stub.Segments, pb.SegmentsRequest())
+            ok = resp.host_id == host_id() and bool(resp.segments)
+            if ok:
+                for s in resp.segments:
+                    self._segments.buf(s.name)
+        except (KVStoreError, OSError) as exc:
+            if self._want_shm:
+                raise
+            log.info("shared memory unavailable, using gRPC streaming: %s", exc)
+            return False
+        if self._want_shm and not ok:
+            raise KVStoreError(f"server at {self.address} is not on this host: no shared memory")
+        return ok
+
+    async def put(self, namespace: str, blocks: Sequence[BlockData],
+                  session_id: str | None = None, workload: str | None = None) -> int:
+        if await self.uses_shared_memory():
+            n = 0
+            for batch in batches(blocks):
+                n += await self._put_shm(namespace, batch, session_id or "", workload or "")
+            return n
+
+        async def requests() -> AsyncIterator[pb.PutRequest]:
+            for r in put_requests(namespace, blocks, session_id or "", workload or ""):
+                yield r
+
+        try:
+            resp = await self._stub.Put(requests(), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise translate(exc, self.address) from exc
+        return int(resp.stored)
+
+    async def _put_shm(self, namespace: str, blocks: Sequence[BlockData], session_id: str,
+                       workload: str) -> int:
+        try:
+            resv = await self._call(self._stub.Reserve, pb.ReserveRequest(
+                namespace=namespace, sizes=[len(b.payload) for b in blocks],
+                block_hashes=[bytes(b.block_hash) for b in blocks]))
+        except TierFull:
+            if len(blocks) == 1:
+                raise
+            # The batch is larger than what the tier can hold at once: halve it.
+            half = len(blocks) // 2
+            return (await self._put_shm(namespace, blocks[:half], session_id, workload)
+                    + await self._put_shm(namespace, blocks[half:], session_id, workload))
+        slots, headers = [], []
+        try:
+            for b, d in zip(blocks, resv.slots, strict=True):
+                if not d.slot_id:
+                    continue
+                region = self._segments.region(d)
+                region[:] = b.payload
+                region.release()
+                slots.append(d)
+                headers.append(header(b, len(b.payload)))
+        except BaseException:
+            ids = [d.slot_id for d in resv.slots if d.slot_id]
+            if ids:
+                await self._call(self._stub.Abort, pb.AbortRequest(slot_ids=ids))
+            raise
+        if not slots:
+            return 0
+        resp = await self._call(self._stub.Commit, pb.CommitRequest(
+            namespace=namespace, slots=slots, headers=headers, session_id=session_id,
+            workload=workload))
+        return int(resp.stored)
+
+    async def lookup(self, namespace: str, hashes: Sequence[bytes],
+                     session_id: str | None = None, workload: str | None = None
+                     ) -> LookupResult:
+        resp = await self._call(self._stub.Lookup, pb.LookupRequest(
+            namespace=namespace, block_hashes=[bytes(h) for h in hashes],
+            session_id=session_id or "", workload=workload or ""))
+        return LookupResult.from_pb(resp)
+
+    async def get(self, namespace: str, hashes: Sequence[bytes]) -> list[BlockData | None]:
+        hashes = [bytes(h) for h in hashes]
+        if await self.uses_shared_memory():
+            out: list[BlockData | None] = []
+            for i in range(0, len(hashes), 256):
+                out += await self._get_shm(namespace, hashes[i:i + 256])
+            return out
+        return await self._get_grpc(namespace, hashes)
+
+    async def _get_grpc(self, namespace: str, hashes: list[bytes]) -> list[BlockData | None]:
+        result: list[BlockData | None] = [None] * len(hashes)
+        try:
+            async for msg in self._stub.Get(
+                    pb.GetRequest(namespace=namespace, block_hashes=hashes),
+                    timeout=self.timeout):
+                for i, blk in zip(msg.indices, msg.blocks, strict=True):
+                    result[i] = block_from_pb(blk.header, blk.payload)
+        except grpc.RpcError as exc:
+            raise translate(exc, self.address) from exc
+        return result
+
+    async def _get_shm(self, namespace: str, hashes: list[bytes], retries: int = 1
+                       ) -> list[BlockData | None]:
+        resp = await self._call(self._stub.Acquire,
+                                pb.AcquireRequest(namespace=namespace, block_hashes=hashes))
+        out: list[BlockData | None] = []
+        overflow: list[int] = []  # stored, but not in shared memory: fetch over gRPC
+        for i, (d, h) in enumerate(zip(resp.slots, resp.headers, strict=True)):
+            if not d.length:
+                out.append(None)
+                if h.block_hash:
+                    overflow.append(i)
+                continue
+            region = self._segments.region(d)
+            out.append(block_from_pb(h, bytes(region)))
+            region.release()
+        try:
+            await self._call(self._stub.Release, pb.ReleaseRequest(lease_id=resp.lease_id))
+        except LeaseExpired:
+            if retries <= 0:
+                raise
+            return await self._get_shm(namespace, hashes, retries - 1)
+        if overflow:
+            rest = await self._get_grpc(namespace, [hashes[i] for i in overflow])
+            for i, blk in zip(overflow, rest, strict=True):
+                out[i] = blk
+        return out
+
+    async def delete(self, namespace: str, hashes: Sequence[bytes] = ()) -> int:
+        resp = await self._call(self._stub.Delete, pb.DeleteRequest(
+            namespace=namespace, block_hashes=[bytes(h) for h in hashes]))
+        return int(resp.deleted)
+
+    async def hint(self, session_id: str, event: str, workload: str | None = None,
+                   tool: str | None = None, expected_gap_ms: float | None = None,
+                   namespace: str | None = None) -> int:
+        resp = await self._call(self._stub.Hint, pb.HintRequest(
+            session_id=session_id, event=event, workload=workload or "", tool=tool or "",
+            expected_gap_ms=expected_gap_ms or 0.0, namespace=namespace or ""))
+        return int(resp.moves)
+
+    async def stats(self) -> Stats:
+        return Stats.from_pb(await self._call(self._stub.Stats, pb.StatsRequest()))
+
+    async def close(self) -> None:
+        self._segments.close()
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncKVStoreClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

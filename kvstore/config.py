@@ -1,0 +1,279 @@
+"""Typed configuration: embedded defaults, one TOML file, env overrides.
+
+Precedence: defaults < TOML file < ``KVSTORE_<SECTION>__<FIELD>`` env vars <
+CLI flags. Every field is validated at start; errors name the field and what
+is accepted.
+
+Example ``kvstore.toml``::
+
+    [server]
+    listen = "127.0.0.1:50051"
+    metrics_port = 9100
+
+    [dram]
+    capacity = "4GiB"
+
+    [disk]
+    capacity = "100GiB"
+    path = "/var/lib/kvstore"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from kvstore.errors import ConfigError
+
+__all__ = ["Config", "DiskConfig", "DramConfig", "EngineConfig", "ServerConfig", "build_section",
+           "load_config", "parse_size"]
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(value: int | str, what: str) -> int:
+    """``4096``, ``"64MiB"``, ``"1.5GB"`` -> bytes."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a size like 1073741824 or '1GiB', got {value!r}")
+    if isinstance(value, int):
+        n = value
+    else:
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ConfigError(
+                f"{what}: expected a size like 1073741824 or '1GiB' "
+                f"(units: {', '.join(u for u in _UNITS if u)}), got {value!r}"
+            )
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n < 0:
+        raise ConfigError(f"{what}: must be >= 0, got {value!r}")
+    return n
+
+
+def _parse_hostport(value: str, what: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{what}: expected HOST:PORT (port 0-65535), got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    listen: str = "127.0.0.1:50051"
+    #: Prometheus /metrics port on the listen host; 0 disables it.
+    metrics_port: int = 9100
+    #: Largest single block payload accepted (bytes).
+    max_block_bytes: int = 64 * 2**20
+    #: gRPC max message size (bytes); must exceed max_block_bytes.
+    max_message_bytes: int = 80 * 2**20
+    #: Shared-memory data plane: default lease on reserved / acquired slots.
+    lease_seconds: float = 30.0
+    grace_seconds: float = 5.0
+
+    def validate(self) -> None:
+        _parse_hostport(self.listen, "server.listen")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"server.metrics_port: expected 0-65535, got {self.metrics_port}")
+        if self.max_block_bytes <= 0:
+            raise ConfigError("server.max_block_bytes: must be > 0")
+        if self.max_message_bytes <= self.max_block_bytes:
+            raise ConfigError(
+                f"server.max_message_bytes ({self.max_message_bytes}) must exceed "
+                f"server.max_block_bytes ({self.max_block_bytes})"
+            )
+        if self.lease_seconds <= 0:
+            raise ConfigError(f"server.lease_seconds: must be > 0, got {self.lease_seconds}")
+
+
+@dataclass(frozen=True, slots=True)
+class DramConfig:
+    enabled: bool = True
+    capacity: int = 1 * 2**30
+    #: Prefix of the POSIX shared-memory segment names.
+    segment_prefix: str = "kvstore"
+
+    def validate(self) -> None:
+        if self.enabled and self.capacity <= 0:
+            raise ConfigError("dram.capacity: must be > 0 when dram.enabled")
+
+
+@dataclass(frozen=True, slots=True)
+class DiskConfig:
+    enabled: bool = True
+    capacity: int = 10 * 2**30
+    #: Block files directory; default: <data_dir>/disk.
+    path: str = ""
+
+    def validate(self) -> None:
+        if self.enabled and self.capacity <= 0:
+            raise ConfigError("disk.capacity: must be > 0 when disk.enabled")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    #: Placement / eviction policy name (see ``kvstore.policies.available()``).
+    policy: str = "lru"
+    #: Copy every new block to the next slower tier in the background
+    #: (write-back), so a DRAM eviction is a drop and a crash loses little.
+    write_back: bool = True
+    #: Prefill throughput of the served model (tokens/s) for the cost model.
+    prefill_tokens_per_s: float = 10_000.0
+
+    def validate(self) -> None:
+        from kvstore import policies
+
+        if self.policy not in policies.available():
+            raise ConfigError(
+                f"engine.policy: unknown policy {self.policy!r}; valid: "
+                f"{', '.join(policies.available())}"
+            )
+        if self.prefill_tokens_per_s <= 0:
+            raise ConfigError("engine.prefill_tokens_per_s: must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    data_dir: str = "./kvstore-data"
+    log_level: str = "INFO"
+    server: ServerConfig = field(default_factory=ServerConfig)
+    dram: DramConfig = field(default_factory=DramConfig)
+    disk: DiskConfig = field(default_factory=DiskConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    #: Event stream settings, validated by kvstore.events (kept raw here so the
+    #: events package owns its own schema).
+    events: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def disk_path(self) -> Path:
+        return Path(self.disk.path) if self.disk.path else Path(self.data_dir) / "disk"
+
+    def validate(self) -> Config:
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError(
+                f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}"
+            )
+        for part in (self.server, self.dram, self.disk, self.engine):
+            part.validate()
+        if not (self.dram.enabled or self.disk.enabled):
+            raise ConfigError("dram.enabled / disk.enabled: at least one tier must be enabled")
+        return self
+
+
+_SIZE_FIELDS = {"capacity", "max_block_bytes", "max_message_bytes"}
+_SECTIONS = {"server": ServerConfig, "dram": DramConfig, "disk": DiskConfig,
+             "engine": EngineConfig}
+
+
+def _coerce(section: str, name: str, ftype: Any, value: Any) -> Any:
+    what = f"{section}.{name}" if section else name
+    if name in _SIZE_FIELDS:
+        return parse_size(value, what)
+    tname = ftype if isinstance(ftype, str) else getattr(ftype, "__name__", str(ftype))
+    try:
+        if tname == "bool":
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(value).lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if tname == "int":
+            if isinstance(value, bool):
+                raise ValueError
+            return int(value)
+        if tname == "float":
+            return float(value)
+        if tname == "str":
+            if not isinstance(value, str | int | float):
+                raise ValueError
+            return str(value)
+    except ValueError:
+        raise ConfigError(f"{what}: expected {tname}, got {value!r}") from None
+    return value
+
+
+def _section(section: str, cls: type[Any], raw: Mapping[str, Any], base: Any) -> Any:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"[{section}]: expected a table, got {raw!r}")
+    known = {f.name: f for f in fields(cls)}
+    updates = {}
+    for key, value in raw.items():
+        if key not in known:
+            raise ConfigError(
+                f"{section}.{key}: unknown field; valid: {', '.join(sorted(known))}"
+            )
+        updates[key] = _coerce(section, key, known[key].type, value)
+    return replace(base, **updates)
+
+
+def build_section(section: str, cls: type[Any], raw: Mapping[str, Any]) -> Any:
+    """Build a component's typed config from a raw table (env strings coerced)."""
+    base = cls()
+    return _section(section, cls, raw, base) if raw else base
+
+
+def _merge(cfg: Config, raw: Mapping[str, Any]) -> Config:
+    top = {f.name: f for f in fields(Config)}
+    updates: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in _SECTIONS:
+            updates[key] = _section(key, _SECTIONS[key], value, getattr(cfg, key))
+        elif key == "events":
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"[events]: expected a table, got {value!r}")
+            updates[key] = {**cfg.events, **value}
+        elif key in top:
+            updates[key] = _coerce("", key, top[key].type, value)
+        else:
+            raise ConfigError(f"{key}: unknown setting; valid: {', '.join(sorted(top))}")
+    return replace(cfg, **updates)
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    """``KVSTORE_DRAM__CAPACITY=4GiB`` -> {"dram": {"capacity": "4GiB"}};
+    ``KVSTORE_DATA_DIR=/x`` -> {"data_dir": "/x"}."""
+    out: dict[str, Any] = {}
+    for name, value in env.items():
+        if not name.startswith("KVSTORE_") or name in ("KVSTORE_VLLM_PYTHON", "KVSTORE_CONFIG"):
+            continue
+        path = name[len("KVSTORE_"):].lower().split("__")
+        if len(path) == 1:
+            out[path[0]] = value
+        elif len(path) == 2:
+            out.setdefault(path[0], {})[path[1]] = value
+    return out
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Defaults, then the TOML file, then env vars, then ``overrides``; validated."""
+    cfg = Config()
+    if path is not None:
+        p = Path(path)
+        try:
+            raw = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {str(p)!r} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from exc
+        cfg = _merge(cfg, raw)
+    cfg = _merge(cfg, _env_overrides(os.environ if env is None else env))
+    if overrides:
+        cfg = _merge(cfg, overrides)
+    return cfg.validate()
+
+
+def as_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)

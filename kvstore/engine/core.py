@@ -1,0 +1,416 @@
+"""The engine: one owner for every block's lifecycle.
+
+It keeps the index (which block is in which tier), enforces capacity by asking
+the policy for victims, pins blocks that are being read or moved, runs the
+two-phase store of the shared-memory plane (reserve -> client writes ->
+commit) and read leases, queues transfers on the mover, and emits a placement
+event for every change. Tiers only store bytes; policies only decide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import xxhash
+
+from kvstore.engine.index import Entry, Index
+from kvstore.engine.leases import Leases
+from kvstore.engine.mover import Mover, Transfer
+from kvstore.engine.stats import EngineStats
+from kvstore.errors import (
+    BlockNotFound,
+    BlockTooLargeForTier,
+    DataCorruption,
+    InvalidBlock,
+    PayloadTooLarge,
+    TierFull,
+)
+from kvstore.events import EventSink, NullSink
+from kvstore.policies import BlockInfo, Hint, Move, Policy
+from kvstore.tiers.base import SlotTier, Tier
+from kvstore.types import BlockKey, BlockMeta, Medium, Workload, check_hash
+
+__all__ = ["Engine", "NewBlock"]
+
+log = logging.getLogger(__name__)
+
+_MAX_EVICTION_ROUNDS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class NewBlock:
+    """A block to store, as the servicer hands it over (payload inline or in a slot)."""
+
+    block_hash: bytes
+    parent_hash: bytes | None
+    token_ids: tuple[int, ...]
+    payload: bytes | memoryview
+
+
+class Engine:
+    def __init__(
+        self,
+        tiers: Sequence[Tier],
+        policy: Policy,
+        events: EventSink | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        lease_seconds: float = 30.0,
+        max_block_bytes: int = 64 * 2**20,
+        write_back: bool = True,
+    ) -> None:
+        if not tiers:
+            raise ValueError("the engine needs at least one tier")
+        self.tiers: dict[str, Tier] = {t.name: t for t in tiers}
+        self.order = [t.name for t in tiers]
+        self.policy = policy
+        self.events: EventSink = events or NullSink()
+        self.clock = clock
+        self.lease_seconds = lease_seconds
+        self.max_block_bytes = max_block_bytes
+        self.write_back = write_back
+        self.index = Index(self.order)
+        self.leases = Leases()
+        self.stats = EngineStats()
+        self.mover = Mover(self.run_transfer)
+        #: Keys being copied between tiers (a count: several copies may overlap).
+        self._in_flight: Counter[BlockKey] = Counter()
+        #: Deleted while protected: (key, tier) whose bytes are freed by sweep().
+        self._deferred_free: list[tuple[BlockKey, str]] = []
+
+    # -- lifecycle ------------------------------------------------------------------
+    async def start(self) -> int:
+        """Recover persistent tiers into the index; start the mover. Returns blocks recovered."""
+        from kvstore.tiers.base import PersistentTier
+
+        recovered = 0
+        now = self.clock()
+        for name in self.order:
+            tier = self.tiers[name]
+            inner = tier.unwrap()
+            if isinstance(inner, PersistentTier):
+                metas = await inner.recover()
+                for meta in metas:
+                    self.index.add_location(meta, name)
+                    self.policy.on_insert(self._info(meta), name, now)
+                if metas:
+                    self.events.block_stored(_chain_order(metas), tier.medium)
+                recovered += len(metas)
+        self.mover.start()
+        return recovered
+
+    async def close(self, drain_seconds: float = 10.0) -> None:
+        """Finish queued transfers (write-backs to disk) for a while, then close tiers."""
+        try:
+            await asyncio.wait_for(self.mover.drain(), drain_seconds)
+        except TimeoutError:
+            log.warning("closing with %d transfers still queued", self.mover.pending)
+        await self.mover.close()
+        for name in reversed(self.order):
+            await self.tiers[name].close()
+
+    async def sweep(self) -> None:
+        """Expire leases and reservations; free deleted blocks nobody holds any more
+        (called periodically by the server)."""
+        now = self.clock()
+        keep = []
+        for key, tier_name in self._deferred_free:
+            entry = self.index.get(key)
+            if self.is_protected(key):
+                keep.append((key, tier_name))
+            elif entry is None or tier_name not in entry.tiers:
+                await self.tiers[tier_name].delete(key)
+        self._deferred_free = keep
+        self.leases.expire_leases(now)
+        for r in self.leases.expired_reservations(now):
+            tier = self.tiers[r.tier].unwrap()
+            if isinstance(tier, SlotTier):
+                tier.abort(r.slot)
+
+    # -- validation -------------------------------------------------------------------
+    def _validate(self, namespace: str, blocks: Sequence[NewBlock]) -> None:
+        self.index.check_hashes(namespace, [b.block_hash for b in blocks])
+        for b in blocks:
+            if b.parent_hash:
+                check_hash(b.parent_hash, "parent_hash")
+            self._check_size(b.block_hash, len(b.payload))
+
+    def _check_size(self, block_hash: bytes, size: int) -> None:
+        if size == 0:
+            raise InvalidBlock(f"block {block_hash.hex()[:16]}: payload is empty")
+        if size > self.max_block_bytes:
+            raise PayloadTooLarge(
+                f"block {block_hash.hex()[:16]}: payload of {size} bytes exceeds "
+                f"server.max_block_bytes = {self.max_block_bytes}"
+            )
+
+    @staticmethod
+    def _info(meta: BlockMeta) -> BlockInfo:
+        return BlockInfo(
+            key=meta.key, size=meta.size, parent=(
+                BlockKey(meta.key.namespace, meta.parent_hash) if meta.parent_hash else None),
+            session_id=meta.session_id, workload=meta.workload.value,
+            num_tokens=len(meta.token_ids),
+        )
+
+    def _meta(self, namespace: str, b: NewBlock, checksum: int, session: str,
+              workload: Workload) -> BlockMeta:
+        return BlockMeta(
+            key=BlockKey(namespace, bytes(b.block_hash)),
+            parent_hash=bytes(b.parent_hash) if b.parent_hash else None,
+            token_ids=tuple(b.token_ids), size=len(b.payload), checksum=checksum,
+            session_id=session, workload=workload, created_at=time.time(),
+        )
+
+    # -- capacity -----------------------------------------------------------------------
+    def protected(self) -> set[BlockKey]:
+        return set(self.leases.pins) | set(self._in_flight) | self.leases.reserved_keys()
+
+    def _pending_free(self, key: BlockKey) -> bool:
+        return any(k == key for k, _ in self._deferred_free)
+
+    def is_protected(self, key: BlockKey) -> bool:
+        return key in self.leases.pins or key in self._in_flight
+
+    async def make_room(self, tier_name: str, size: int) -> None:
+        """Evict (demoting where the policy says) until ``size`` bytes fit in the tier."""
+        tier = self.tiers[tier_name]
+        if size > tier.capacity_bytes:
+            raise BlockTooLargeForTier(
+                f"a block of {size} bytes can never fit tier {tier_name!r} "
+                f"(capacity {tier.capacity_bytes} bytes)"
+            )
+        for _ in range(_MAX_EVICTION_ROUNDS):
+            if tier.can_fit(size):
+                return
+            need = max(size - (tier.capacity_bytes - tier.used_bytes), 1)
+            now = self.clock()
+            victims = self.policy.evict(tier_name, need, self.protected(), now)
+            if not victims:
+                break
+            for key in victims:
+                # Victims were chosen before the awaits below: skip any that became
+                # pinned or started moving since.
+                if not self.is_protected(key):
+                    await self._evict(key, tier_name, now)
+        if not tier.can_fit(size):
+            raise TierFull(
+                f"tier {tier_name!r} is full ({tier.used_bytes}/{tier.capacity_bytes} bytes) "
+                f"and nothing evictable frees {size} bytes: the rest is pinned or in flight"
+            )
+
+    async def _evict(self, key: BlockKey, tier_name: str, now: float) -> None:
+        entry = self.index.get(key)
+        if entry is None or tier_name not in entry.tiers:
+            self.policy.on_remove(key, tier_name)
+            return
+        dst = self.policy.demote_to(key, tier_name, now)
+        if dst is not None and dst not in entry.tiers:
+            try:
+                await self._copy(entry, tier_name, dst)
+            except Exception as exc:  # a failed demotion degrades to a drop
+                log.warning("demotion of %s to %s failed, dropping: %s", key, dst, exc)
+        if key in self._in_flight:
+            return  # another copy of it started meanwhile; leave it, evict others
+        self.stats.evictions[tier_name] += 1
+        await self._drop(key, tier_name)
+
+    # -- placement primitives -------------------------------------------------------------
+    async def _store(self, meta: BlockMeta, payload: bytes | memoryview, tier_name: str) -> Entry:
+        await self.make_room(tier_name, meta.size)
+        tier = self.tiers[tier_name]
+        await tier.put(meta, payload)
+        return self._stored(meta, tier_name)
+
+    def _stored(self, meta: BlockMeta, tier_name: str) -> Entry:
+        entry = self.index.add_location(meta, tier_name)
+        self.policy.on_insert(self._info(meta), tier_name, self.clock())
+        self.events.block_stored([meta], self.tiers[tier_name].medium)
+        return entry
+
+    async def _copy(self, entry: Entry, src: str, dst: str) -> None:
+        key = entry.key
+        self._in_flight[key] += 1
+        try:
+            payload = await self.tiers[src].get(key)
+            await self._store(entry.meta, payload, dst)
+            # Tripwire: the source bytes must not have changed under the copy.
+            if xxhash.xxh3_64_intdigest(payload) != entry.meta.checksum:
+                await self._drop(key, dst)
+                raise DataCorruption(f"{key} changed in {src!r} while being copied to {dst!r}")
+            self.stats.moved_bytes[(src, dst)] += entry.meta.size
+        finally:
+            self._in_flight[key] -= 1
+            if self._in_flight[key] <= 0:
+                del self._in_flight[key]
+
+    async def _drop(self, key: BlockKey, tier_name: str) -> None:
+        await self.tiers[tier_name].delete(key)
+        self.index.remove_location(key, tier_name)
+        self.policy.on_remove(key, tier_name)
+        self.events.block_removed([key], self.tiers[tier_name].medium)
+
+    async def run_transfer(self, t: Transfer) -> None:
+        """Execute one mover transfer, re-checking state (things change while queued)."""
+        entry = self.index.get(t.key)
+        if entry is None or t.src not in entry.tiers:
+            return
+        if t.key in self._in_flight:
+            return  # already being copied (a demotion or promotion does the same work)
+        if not t.keep_src and t.key in self.leases.pins:
+            return  # being read: a move away would pull it from under the reader
+        if t.dst is not None and t.dst not in entry.tiers:
+            await self._copy(entry, t.src, t.dst)
+        if not t.keep_src and self.index.get(t.key) is not None:
+            await self._drop(t.key, t.src)
+
+    def _schedule(self, moves: Sequence[Move], reason: str) -> int:
+        n = 0
+        for m in moves:
+            if isinstance(m.key, BlockKey) and self.mover.submit(
+                Transfer(m.key, m.src, m.dst, reason=reason)
+            ):
+                n += 1
+        return n
+
+    def _after_store(self, entry: Entry) -> None:
+        if self.write_back:
+            i = self.order.index(entry.tiers[0]) + 1
+            if i < len(self.order):
+                self.mover.submit(Transfer(entry.key, entry.tiers[0], self.order[i],
+                                           keep_src=True, reason="write-back"))
+
+    # -- the operations -----------------------------------------------------------------
+    async def put(self, namespace: str, blocks: Sequence[NewBlock], session_id: str = "",
+                  workload: str = "") -> tuple[int, int]:
+        """Store blocks (gRPC path). Returns (stored, already present)."""
+        wl = Workload.parse(workload)
+        self._validate(namespace, blocks)
+        stored = existing = 0
+        for b in blocks:
+            if self.index.get_hash(namespace, b.block_hash) is not None:
+                existing += 1
+                continue
+            if self._pending_free(BlockKey(namespace, b.block_hash)):
+                continue  # its deleted copy is still being read; store it next time
+            meta = self._meta(namespace, b, xxhash.xxh3_64_intdigest(b.payload), session_id, wl)
+            target = self.policy.admit(self._info(meta), self.clock())
+            if target is None:
+                continue
+            entry = await self._store(meta, b.payload, target)
+            self._after_store(entry)
+            stored += 1
+            self.stats.bytes_in += meta.size
+        self.stats.puts += 1
+        return stored, existing
+
+    def lookup(self, namespace: str, hashes: Sequence[bytes], session_id: str = "",
+               workload: str = "") -> list[Medium]:
+        """Media of the longest stored prefix of ``hashes`` (fastest tier each)."""
+        self.index.check_hashes(namespace, list(hashes))
+        now = self.clock()
+        media: list[Medium] = []
+        hit_tiers: list[str | None] = []
+        for h in hashes:
+            entry = self.index.get_hash(namespace, h)
+            if entry is None:
+                break
+            tier = entry.tiers[0]
+            self.policy.on_access(entry.key, tier, now)
+            self.stats.tier_hits[tier] += 1
+            media.append(self.tiers[tier].medium)
+            hit_tiers.append(tier)
+        self.stats.lookups += 1
+        self.stats.lookup_hit_blocks += len(media)
+        self.stats.lookup_miss_blocks += len(hashes) - len(media)
+        if hashes:
+            keys = [BlockKey(namespace, h) for h in hashes]
+            info = BlockInfo(key=keys[0], size=0, session_id=session_id,
+                             workload=workload or "unknown", request_blocks=len(hashes))
+            hit_tiers += [None] * (len(hashes) - len(hit_tiers))
+            self._schedule(self.policy.on_lookup(keys, hit_tiers, info, now), "prefetch")
+        return media
+
+    async def get(self, namespace: str, hashes: Sequence[bytes]
+                  ) -> list[tuple[BlockMeta, bytes] | None]:
+        """Payload copies of the blocks (None where missing), read from the fastest tier."""
+        self.index.require_namespace(namespace)
+        self.index.check_hashes(namespace, list(hashes))
+        out: list[tuple[BlockMeta, bytes] | None] = []
+        now = self.clock()
+        for h in hashes:
+            entry = self.index.get_hash(namespace, h)
+            if entry is None:
+                out.append(None)
+                continue
+            payload = await self._read(entry)
+            if payload is None:
+                out.append(None)
+                continue
+            self.policy.on_access(entry.key, entry.tiers[0], now)
+            self.stats.bytes_out += len(payload)
+            out.append((entry.meta, payload))
+        self.stats.gets += 1
+        return out
+
+    async def _read(self, entry: Entry) -> bytes | None:
+        for tier_name in list(entry.tiers):
+            try:
+                return bytes(await self.tiers[tier_name].get(entry.key))
+            except DataCorruption as exc:
+                self.stats.corrupt_reads += 1
+                log.error("corrupt copy of %s in %s dropped: %s", entry.key, tier_name, exc)
+                await self._drop(entry.key, tier_name)
+            except BlockNotFound:
+                await self._drop(entry.key, tier_name)
+        return None
+
+    async def delete(self, namespace: str, hashes: Sequence[bytes]) -> int:
+        """Delete blocks from every tier; no hashes = the whole namespace."""
+        if not hashes:
+            self.index.require_namespace(namespace)
+            entries = list(self.index.entries(namespace))
+        else:
+            self.index.check_hashes(namespace, list(hashes))
+            entries = [e for h in hashes if (e := self.index.get_hash(namespace, h))]
+        for entry in entries:
+            for tier_name in list(entry.tiers):
+                if self.is_protected(entry.key):
+                    # Being read or copied: forget it now, free the bytes once let go.
+                    self.index.remove_location(entry.key, tier_name)
+                    self.policy.on_remove(entry.key, tier_name)
+                    self.events.block_removed([entry.key], self.tiers[tier_name].medium)
+                    self._deferred_free.append((entry.key, tier_name))
+                else:
+                    await self._drop(entry.key, tier_name)
+        if not hashes and entries:
+            self.events.all_cleared()
+        return len(entries)
+
+    def hint(self, hint: Hint) -> int:
+        """A turn / session event: let the policy move that session's blocks."""
+        now = self.clock()
+        keys = [(e.key, e.tiers[0]) for e in self.index.entries()
+                if e.meta.session_id == hint.session_id]
+        return self._schedule(self.policy.on_hint(hint, keys, now), f"hint:{hint.event}")
+
+
+def _chain_order(metas: Sequence[BlockMeta]) -> list[BlockMeta]:
+    """Order metas so every parent comes before its children (recovery events)."""
+    by_hash = {m.key.block_hash: m for m in metas}
+    out: list[BlockMeta] = []
+    seen: set[bytes] = set()
+    for m in metas:
+        stack = []
+        cur: BlockMeta | None = m
+        while cur is not None and cur.key.block_hash not in seen:
+            stack.append(cur)
+            seen.add(cur.key.block_hash)
+            cur = by_hash.get(cur.parent_hash) if cur.parent_hash else None
+        out.extend(reversed(stack))
+    return out

@@ -1,0 +1,170 @@
+"""The shared-memory data plane, on the engine's side.
+
+Co-located clients never send payload bytes through gRPC: they *reserve*
+slots in the DRAM tier's shared-memory segment, write them, and *commit* by
+descriptor; to read they *acquire* a lease on the slots of stored blocks, copy
+the bytes out and *release*. The engine stays the one owner of the blocks'
+lifecycle: this class only drives its primitives for the slot tier.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import xxhash
+
+from kvstore.engine.core import Engine, NewBlock
+from kvstore.engine.leases import Lease, Reservation
+from kvstore.errors import BadDescriptor, BlockNotFound, DataCorruption, InvalidBlock, TierFull
+from kvstore.tiers.base import Slot, SlotTier, Tier
+from kvstore.types import BlockKey, BlockMeta, Workload
+
+__all__ = ["SlotPlane"]
+
+log = logging.getLogger(__name__)
+
+
+class SlotPlane:
+    def __init__(self, engine: Engine, tier: Tier) -> None:
+        inner = tier.unwrap()
+        if not isinstance(inner, SlotTier):
+            raise TypeError(f"tier {tier.name!r} has no shared-memory slots")
+        self.engine = engine
+        self.tier = tier
+        self.slots: SlotTier = inner
+
+    @classmethod
+    def for_engine(cls, engine: Engine) -> SlotPlane | None:
+        for name in engine.order:
+            if isinstance(engine.tiers[name].unwrap(), SlotTier):
+                return cls(engine, engine.tiers[name])
+        return None
+
+    def segments(self) -> list[tuple[str, int]]:
+        return self.slots.segments()
+
+    async def reserve(self, namespace: str, items: Sequence[tuple[bytes, int]]
+                      ) -> list[Slot | None]:
+        """Slots for clients to write; ``None`` for blocks already stored."""
+        eng = self.engine
+        eng.index.check_hashes(namespace, [h for h, _ in items])
+        for h, size in items:
+            eng._check_size(h, size)
+        now = eng.clock()
+        out: list[Slot | None] = []
+        try:
+            for h, size in items:
+                if (eng.index.get_hash(namespace, h) is not None
+                        or eng._pending_free(BlockKey(namespace, h))):
+                    out.append(None)
+                    continue
+                await eng.make_room(self.tier.name, size)
+                slot = self.slots.reserve(size)
+                eng.leases.add_reservation(Reservation(
+                    BlockKey(namespace, h), slot, self.tier.name, now + eng.lease_seconds))
+                out.append(slot)
+        except BaseException:  # all or nothing: free what this call reserved
+            for slot in out:
+                if slot is not None:
+                    eng.leases.take_reservation(slot.slot_id, now)
+                    self.slots.abort(slot)
+            raise
+        return out
+
+    def view(self, slot: Slot) -> memoryview:
+        return self.slots.view(slot)
+
+    async def commit(self, namespace: str, items: Sequence[tuple[Slot, NewBlock]],
+                     session_id: str = "", workload: str = "") -> int:
+        """Commit written slots: ``items`` are (descriptor as reserved, block; its payload
+        is ignored: the bytes are read from the slot)."""
+        eng = self.engine
+        wl = Workload.parse(workload)
+        eng.index.check_hashes(namespace, [b.block_hash for _, b in items])
+        now = eng.clock()
+        stored = 0
+        for desc, b in items:
+            r = eng.leases.take_reservation(desc.slot_id, now)
+            if desc != r.slot:
+                eng.leases.add_reservation(r)
+                self.slots.check_descriptor(desc.segment, desc.offset, desc.length)
+                raise BadDescriptor(
+                    f"descriptor {desc.segment}@{desc.offset}+{desc.length} does not match "
+                    f"the reservation of slot {desc.slot_id} "
+                    f"({r.slot.segment}@{r.slot.offset}+{r.slot.length})"
+                )
+            if r.key != BlockKey(namespace, bytes(b.block_hash)):
+                eng.leases.add_reservation(r)
+                raise InvalidBlock(
+                    f"slot {desc.slot_id} was reserved for {r.key}, not "
+                    f"{namespace}/{bytes(b.block_hash).hex()}"
+                )
+            if eng.index.get_hash(namespace, b.block_hash) is not None:
+                self.slots.abort(r.slot)  # a concurrent writer won; keep the first copy
+                continue
+            view = self.slots.view(r.slot)
+            meta = eng._meta(namespace, NewBlock(b.block_hash, b.parent_hash, b.token_ids, view),
+                             xxhash.xxh3_64_intdigest(view), session_id, wl)
+            self.slots.commit(r.slot, meta)
+            eng._after_store(eng._stored(meta, self.tier.name))
+            stored += 1
+            eng.stats.bytes_in += meta.size
+        eng.stats.puts += 1
+        return stored
+
+    def abort(self, slot_ids: Sequence[int]) -> None:
+        now = self.engine.clock()
+        for sid in slot_ids:
+            self.slots.abort(self.engine.leases.take_reservation(sid, now).slot)
+
+    async def acquire(self, namespace: str, hashes: Sequence[bytes], seconds: float = 0.0
+                      ) -> tuple[Lease, list[tuple[Slot | None, BlockMeta] | None]]:
+        """Pin blocks in shared memory for reading, promoting them from slower tiers.
+
+        Per hash: ``None`` if not stored; ``(None, meta)`` if stored but it could not
+        be brought into shared memory now (the tier is full of pinned blocks): read
+        that one through ``Engine.get``."""
+        eng = self.engine
+        eng.index.require_namespace(namespace)
+        eng.index.check_hashes(namespace, list(hashes))
+        now = eng.clock()
+        found: list[tuple[Slot | None, BlockMeta] | None] = []
+        keys: list[BlockKey] = []
+        name = self.tier.name
+        try:
+            for h in hashes:
+                await self._acquire_one(namespace, h, name, now, found, keys)
+        finally:
+            eng.leases.unpin(tuple(keys))
+        lease = eng.leases.acquire(tuple(keys), now, seconds or eng.lease_seconds)
+        eng.stats.gets += 1
+        return lease, found
+
+    async def _acquire_one(self, namespace: str, h: bytes, name: str, now: float,
+                           found: list[tuple[Slot | None, BlockMeta] | None],
+                           keys: list[BlockKey]
+                           ) -> None:
+        eng = self.engine
+        entry = eng.index.get_hash(namespace, h)
+        if entry is not None and name not in entry.tiers:
+            try:
+                await eng._copy(entry, entry.tiers[0], name)  # promote for the read
+            except (TierFull, DataCorruption, BlockNotFound) as exc:
+                log.info("could not promote %s for a read: %s", entry.key, exc)
+            entry = eng.index.get_hash(namespace, h)
+        if entry is None:
+            found.append(None)
+            return
+        if name not in entry.tiers:
+            found.append((None, entry.meta))
+            return
+        eng.policy.on_access(entry.key, name, now)
+        found.append((self.slots.locate(entry.key), entry.meta))
+        keys.append(entry.key)
+        # Protect it from evictions caused by promoting the next ones.
+        eng.leases.pins[entry.key] += 1
+        eng.stats.bytes_out += entry.meta.size
+
+    def release(self, lease_id: int) -> None:
+        self.engine.leases.release(lease_id, self.engine.clock())

@@ -1,0 +1,109 @@
+"""The block index: per namespace, which blocks exist and in which tiers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from kvstore.errors import InvalidBlock, NamespaceNotFound
+from kvstore.types import BlockKey, BlockMeta, check_hash
+
+__all__ = ["Entry", "Index"]
+
+
+@dataclass(slots=True)
+class Entry:
+    """One stored block: its metadata and the tiers (fastest first) holding it."""
+
+    meta: BlockMeta
+    tiers: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> BlockKey:
+        return self.meta.key
+
+
+@dataclass(slots=True)
+class _Namespace:
+    hash_len: int
+    blocks: dict[bytes, Entry] = field(default_factory=dict)
+
+
+class Index:
+    """Namespaces -> hash -> :class:`Entry`. Tier order is given at construction."""
+
+    def __init__(self, tier_order: list[str]) -> None:
+        self._rank = {name: i for i, name in enumerate(tier_order)}
+        self._ns: dict[str, _Namespace] = {}
+
+    # -- validation -------------------------------------------------------------
+    def check_hashes(self, namespace: str, hashes: list[bytes], *, create: bool = False) -> None:
+        """Validate hash lengths (and that a namespace keeps one length)."""
+        if not namespace:
+            raise InvalidBlock("namespace must be a non-empty string")
+        for h in hashes:
+            check_hash(h)
+        ns = self._ns.get(namespace)
+        want = ns.hash_len if ns else (len(hashes[0]) if hashes else 0)
+        for h in hashes:
+            if len(h) != want:
+                raise InvalidBlock(
+                    f"namespace {namespace!r} uses {want}-byte block hashes, got {len(h)} bytes; "
+                    "one namespace cannot mix hash functions"
+                )
+        if create and ns is None and hashes:
+            self._ns[namespace] = _Namespace(hash_len=want)
+
+    def require_namespace(self, namespace: str) -> None:
+        if namespace not in self._ns:
+            raise NamespaceNotFound(
+                f"namespace {namespace!r} has no blocks (known: {len(self._ns)} namespaces)"
+            )
+
+    # -- queries ----------------------------------------------------------------
+    def get(self, key: BlockKey) -> Entry | None:
+        ns = self._ns.get(key.namespace)
+        return ns.blocks.get(key.block_hash) if ns else None
+
+    def get_hash(self, namespace: str, block_hash: bytes) -> Entry | None:
+        ns = self._ns.get(namespace)
+        return ns.blocks.get(block_hash) if ns else None
+
+    def namespaces(self) -> list[str]:
+        return list(self._ns)
+
+    def entries(self, namespace: str | None = None) -> Iterator[Entry]:
+        spaces = [self._ns[namespace]] if namespace in self._ns else (
+            [] if namespace is not None else list(self._ns.values()))
+        for ns in spaces:
+            yield from list(ns.blocks.values())
+
+    def __len__(self) -> int:
+        return sum(len(ns.blocks) for ns in self._ns.values())
+
+    # -- updates ----------------------------------------------------------------
+    def add_location(self, meta: BlockMeta, tier: str) -> Entry:
+        ns = self._ns.get(meta.key.namespace)
+        if ns is None:
+            ns = self._ns[meta.key.namespace] = _Namespace(hash_len=len(meta.key.block_hash))
+        entry = ns.blocks.get(meta.key.block_hash)
+        if entry is None:
+            entry = ns.blocks[meta.key.block_hash] = Entry(meta)
+        if tier not in entry.tiers:
+            entry.tiers.append(tier)
+            entry.tiers.sort(key=self._rank.__getitem__)
+        return entry
+
+    def remove_location(self, key: BlockKey, tier: str) -> Entry | None:
+        """Drop one location; the entry goes when it has none. Returns the entry."""
+        ns = self._ns.get(key.namespace)
+        entry = ns.blocks.get(key.block_hash) if ns else None
+        if entry is None:
+            return None
+        if tier in entry.tiers:
+            entry.tiers.remove(tier)
+        if not entry.tiers and ns is not None:
+            del ns.blocks[key.block_hash]
+            if not ns.blocks:
+                del self._ns[key.namespace]
+        return entry

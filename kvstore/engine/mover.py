@@ -1,0 +1,85 @@
+"""The mover: one background task that runs transfers between tiers.
+
+Placement decisions (write-back copies, offloads, drops, prefetches) are queued
+here so that requests never wait on a slow tier; the engine does the actual
+transfer in :meth:`Engine.run_transfer`. Failures are logged and counted, never
+raised into a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from kvstore.types import BlockKey
+
+__all__ = ["Mover", "Transfer"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """Copy ``key`` from ``src`` to ``dst``; drop it from ``src`` unless ``keep_src``.
+    ``dst=None`` is a plain drop from ``src``."""
+
+    key: BlockKey
+    src: str
+    dst: str | None
+    keep_src: bool = False
+    reason: str = ""
+
+
+class Mover:
+    def __init__(self, run: Callable[[Transfer], Awaitable[None]], max_queue: int = 100_000):
+        self._run = run
+        self._queue: asyncio.Queue[Transfer] = asyncio.Queue(max_queue)
+        self._task: asyncio.Task[None] | None = None
+        self.failed = 0
+        self.done = 0
+        self.dropped = 0
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="kvstore-mover")
+
+    def submit(self, transfer: Transfer) -> bool:
+        try:
+            self._queue.put_nowait(transfer)
+            return True
+        except asyncio.QueueFull:
+            self.dropped += 1
+            return False
+
+    @property
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    async def drain(self) -> None:
+        """Wait until every queued transfer has run (tests, shutdown)."""
+        await self._queue.join()
+
+    async def _loop(self) -> None:
+        while True:
+            t = await self._queue.get()
+            try:
+                await self._run(t)
+                self.done += 1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a failed transfer must not stop the mover
+                self.failed += 1
+                log.warning("transfer %s %s->%s failed: %s", t.key, t.src, t.dst, exc)
+            finally:
+                self._queue.task_done()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None

@@ -1,0 +1,126 @@
+"""Prometheus metrics, read from the engine at scrape time.
+
+A collector wraps the engine from the outside (nothing inside the engine knows
+about Prometheus): per-tier bytes, blocks, hits, evictions; lookup hits and
+misses; bytes in/out; bytes moved between tiers; events published. Transfer
+latency comes from :class:`TimedTier`, a decorator around any tier.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kvstore.tiers.base import Tier
+from kvstore.types import BlockKey, BlockMeta
+
+if TYPE_CHECKING:
+    from kvstore.engine.core import Engine
+
+__all__ = ["EngineCollector", "TimedTier", "make_registry"]
+
+_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class EngineCollector(Collector):
+    def __init__(self, engine: Engine, events: Any = None) -> None:
+        self.engine = engine
+        self.events = events
+
+    def collect(self) -> Iterator[Any]:
+        eng = self.engine
+        st = eng.stats
+        used = GaugeMetricFamily("kvstore_tier_used_bytes", "Payload bytes stored", labels=["tier"])
+        cap = GaugeMetricFamily("kvstore_tier_capacity_bytes", "Tier capacity", labels=["tier"])
+        blocks = GaugeMetricFamily("kvstore_tier_blocks", "Blocks stored", labels=["tier"])
+        hits = CounterMetricFamily("kvstore_tier_hits", "Lookup hits served", labels=["tier"])
+        ev = CounterMetricFamily("kvstore_tier_evictions", "Evictions", labels=["tier"])
+        per_tier: dict[str, int] = dict.fromkeys(eng.order, 0)
+        for e in eng.index.entries():
+            for t in e.tiers:
+                per_tier[t] += 1
+        for name, tier in eng.tiers.items():
+            used.add_metric([name], tier.used_bytes)
+            cap.add_metric([name], tier.capacity_bytes)
+            blocks.add_metric([name], per_tier[name])
+            hits.add_metric([name], st.tier_hits[name])
+            ev.add_metric([name], st.evictions[name])
+        yield from (used, cap, blocks, hits, ev)
+        yield CounterMetricFamily("kvstore_lookup_hit_blocks", "Blocks found by lookups",
+                                  value=st.lookup_hit_blocks)
+        yield CounterMetricFamily("kvstore_lookup_miss_blocks", "Blocks missed by lookups",
+                                  value=st.lookup_miss_blocks)
+        yield CounterMetricFamily("kvstore_bytes_in", "Payload bytes stored by clients",
+                                  value=st.bytes_in)
+        yield CounterMetricFamily("kvstore_bytes_out", "Payload bytes served to clients",
+                                  value=st.bytes_out)
+        moved = CounterMetricFamily("kvstore_transfer_bytes", "Bytes moved between tiers",
+                                    labels=["src", "dst"])
+        for (src, dst), n in st.moved_bytes.items():
+            moved.add_metric([src, dst], n)
+        yield moved
+        yield GaugeMetricFamily("kvstore_pending_transfers", "Queued mover transfers",
+                                value=eng.mover.pending)
+        yield CounterMetricFamily("kvstore_events_published", "Block events published",
+                                  value=getattr(self.events, "published", 0))
+
+
+def make_registry(engine: Engine, events: Any = None) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(engine, events))
+    registry.register(TimedTier.LATENCY)
+    return registry
+
+
+class TimedTier(Tier):
+    """Decorator: records put/get latency per tier; forwards everything else."""
+
+    LATENCY = Histogram("kvstore_tier_op_seconds", "Tier operation latency",
+                        ["tier", "op"], buckets=_BUCKETS, registry=None)
+
+    def __init__(self, inner: Tier) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.medium = inner.medium
+
+    def unwrap(self) -> Tier:
+        return self.inner.unwrap()
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.inner.capacity_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        return self.inner.used_bytes
+
+    def can_fit(self, size: int) -> bool:
+        return self.inner.can_fit(size)
+
+    async def put(self, meta: BlockMeta, payload: bytes | memoryview) -> None:
+        t0 = time.perf_counter()
+        await self.inner.put(meta, payload)
+        self.LATENCY.labels(self.name, "put").observe(time.perf_counter() - t0)
+
+    async def get(self, key: BlockKey) -> bytes | memoryview:
+        t0 = time.perf_counter()
+        out = await self.inner.get(key)
+        self.LATENCY.labels(self.name, "get").observe(time.perf_counter() - t0)
+        return out
+
+    async def contains(self, key: BlockKey) -> bool:
+        return await self.inner.contains(key)
+
+    async def delete(self, key: BlockKey) -> bool:
+        return await self.inner.delete(key)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def get_many(self, keys: Sequence[BlockKey]) -> list[bytes | memoryview]:
+        return [await self.get(k) for k in keys]

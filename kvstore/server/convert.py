@@ -1,0 +1,55 @@
+"""Translation between wire messages and domain objects (nothing else)."""
+
+from __future__ import annotations
+
+from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
+from kvstore.engine.core import NewBlock
+from kvstore.errors import InvalidBlock
+from kvstore.tiers.base import Slot
+from kvstore.types import BlockMeta, Medium
+
+__all__ = [
+    "MEDIUM_TO_PB", "PB_TO_MEDIUM", "header_to_pb", "new_block", "slot_from_pb", "slot_to_pb",
+]
+
+MEDIUM_TO_PB = {
+    Medium.GPU: pb.MEDIUM_GPU,
+    Medium.CPU: pb.MEDIUM_CPU,
+    Medium.DISK: pb.MEDIUM_DISK,
+    Medium.REMOTE: pb.MEDIUM_REMOTE,
+}
+PB_TO_MEDIUM = {v: k for k, v in MEDIUM_TO_PB.items()}
+
+
+def new_block(header: pb.BlockHeader, payload: bytes | memoryview = b"") -> NewBlock:
+    if not header.block_hash:
+        raise InvalidBlock("block header has an empty block_hash")
+    return NewBlock(
+        block_hash=header.block_hash,
+        parent_hash=header.parent_hash or None,
+        token_ids=tuple(header.token_ids),
+        payload=payload,
+    )
+
+
+def header_to_pb(meta: BlockMeta) -> pb.BlockHeader:
+    return pb.BlockHeader(
+        block_hash=meta.key.block_hash,
+        parent_hash=meta.parent_hash or b"",
+        token_ids=meta.token_ids,
+        size=meta.size,
+        checksum=meta.checksum,
+        session_id=meta.session_id,
+        workload=meta.workload.value,
+    )
+
+
+def slot_to_pb(slot: Slot, block_hash: bytes = b"", checksum: int = 0) -> pb.SlotDescriptor:
+    return pb.SlotDescriptor(
+        segment=slot.segment, offset=slot.offset, length=slot.length,
+        block_hash=block_hash, checksum=checksum, slot_id=slot.slot_id,
+    )
+
+
+def slot_from_pb(d: pb.SlotDescriptor) -> Slot:
+    return Slot(slot_id=d.slot_id, segment=d.segment, offset=d.offset, length=d.length)

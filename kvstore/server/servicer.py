@@ -1,0 +1,227 @@
+"""The gRPC servicer: translates wire <-> domain and maps errors to statuses.
+
+No logic lives here: every call goes to the engine (or the shared-memory
+plane), and every :class:`KVStoreError` leaves as its own status code with its
+message plus a ``kvstore-error`` trailer naming the exception class, so the
+client re-raises the same type.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from kvstore import __version__
+from kvstore._host import host_id
+from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
+from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
+from kvstore.engine.core import Engine
+from kvstore.engine.dataplane import SlotPlane
+from kvstore.errors import FailedPrecondition, InvalidArgument, KVStoreError
+from kvstore.policies import Hint
+from kvstore.server.convert import (
+    MEDIUM_TO_PB,
+    header_to_pb,
+    new_block,
+    slot_from_pb,
+    slot_to_pb,
+)
+from kvstore.types import Workload
+
+__all__ = ["KVStoreServicer"]
+
+log = logging.getLogger(__name__)
+
+_GET_CHUNK_BYTES = 8 * 2**20
+T = TypeVar("T")
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: KVStoreError) -> None:
+    context.set_trailing_metadata((("kvstore-error", type(exc).__name__),))
+    await context.abort(getattr(grpc.StatusCode, exc.status), str(exc))
+
+
+def _unary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: Any) -> T:
+        try:
+            return await fn(self, request, context)
+        except KVStoreError as exc:
+            await _abort(context, exc)
+            raise AssertionError("unreachable") from exc  # context.abort raises
+
+    return wrapper
+
+
+def _stream(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterator[T]]:
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: Any) -> AsyncIterator[T]:
+        try:
+            async for item in fn(self, request, context):
+                yield item
+        except KVStoreError as exc:
+            await _abort(context, exc)
+
+    return wrapper
+
+
+class KVStoreServicer(pb_grpc.KVStoreServicer):
+    def __init__(self, engine: Engine, events: Any = None) -> None:
+        self.engine = engine
+        self.plane = SlotPlane.for_engine(engine)
+        self.events = events
+        self.host_id = host_id()
+
+    def _plane(self) -> SlotPlane:
+        if self.plane is None:
+            raise FailedPrecondition(
+                "the shared-memory data plane needs the dram tier (dram.enabled = false); "
+                "use the gRPC Put/Get path"
+            )
+        return self.plane
+
+    @_unary
+    async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
+        media = self.engine.lookup(request.namespace, list(request.block_hashes),
+                                   request.session_id, request.workload)
+        return pb.LookupResponse(num_hit=len(media), media=[MEDIUM_TO_PB[m] for m in media])
+
+    @_unary
+    async def Put(self, request_iterator: AsyncIterator[pb.PutRequest], context: Any
+                  ) -> pb.PutResponse:
+        stored = existing = 0
+        async for req in request_iterator:
+            blocks = [new_block(b.header, b.payload) for b in req.blocks]
+            s, e = await self.engine.put(req.namespace, blocks, req.session_id, req.workload)
+            stored += s
+            existing += e
+        return pb.PutResponse(stored=stored, existing=existing)
+
+    @_stream
+    async def Get(self, request: pb.GetRequest, context: Any) -> AsyncIterator[pb.GetResponse]:
+        found = await self.engine.get(request.namespace, list(request.block_hashes))
+        msg = pb.GetResponse()
+        size = 0
+        for i, item in enumerate(found):
+            if item is None:
+                continue
+            meta, payload = item
+            msg.blocks.append(pb.Block(header=header_to_pb(meta), payload=payload))
+            msg.indices.append(i)
+            size += len(payload)
+            if size >= _GET_CHUNK_BYTES:
+                yield msg
+                msg, size = pb.GetResponse(), 0
+        yield msg
+
+    @_unary
+    async def Segments(self, request: pb.SegmentsRequest, context: Any) -> pb.SegmentsResponse:
+        segs = self._plane().segments()
+        return pb.SegmentsResponse(
+            segments=[pb.SegmentInfo(name=n, size=s) for n, s in segs], host_id=self.host_id)
+
+    @_unary
+    async def Reserve(self, request: pb.ReserveRequest, context: Any) -> pb.ReserveResponse:
+        if len(request.sizes) != len(request.block_hashes):
+            raise InvalidArgument(
+                f"Reserve: {len(request.sizes)} sizes but {len(request.block_hashes)} hashes")
+        slots = await self._plane().reserve(
+            request.namespace, list(zip(request.block_hashes, request.sizes, strict=True)))
+        return pb.ReserveResponse(
+            slots=[slot_to_pb(s, h) if s else pb.SlotDescriptor()
+                   for s, h in zip(slots, request.block_hashes, strict=True)],
+            lease_seconds=self.engine.lease_seconds)
+
+    @_unary
+    async def Commit(self, request: pb.CommitRequest, context: Any) -> pb.CommitResponse:
+        if len(request.slots) != len(request.headers):
+            raise InvalidArgument(
+                f"Commit: {len(request.slots)} slots but {len(request.headers)} headers")
+        items = [(slot_from_pb(d), new_block(h))
+                 for d, h in zip(request.slots, request.headers, strict=True)]
+        stored = await self._plane().commit(request.namespace, items, request.session_id,
+                                            request.workload)
+        return pb.CommitResponse(stored=stored)
+
+    @_unary
+    async def Abort(self, request: pb.AbortRequest, context: Any) -> pb.AbortResponse:
+        self._plane().abort(list(request.slot_ids))
+        return pb.AbortResponse()
+
+    @_unary
+    async def Acquire(self, request: pb.AcquireRequest, context: Any) -> pb.AcquireResponse:
+        lease, found = await self._plane().acquire(
+            request.namespace, list(request.block_hashes), request.lease_seconds)
+        resp = pb.AcquireResponse(lease_id=lease.lease_id,
+                                  lease_seconds=lease.deadline - self.engine.clock())
+        for item in found:
+            if item is None:
+                resp.slots.append(pb.SlotDescriptor())
+                resp.headers.append(pb.BlockHeader())
+                continue
+            slot, meta = item
+            resp.slots.append(slot_to_pb(slot, meta.key.block_hash, meta.checksum)
+                              if slot else pb.SlotDescriptor())
+            resp.headers.append(header_to_pb(meta))
+        return resp
+
+    @_unary
+    async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
+        self._plane().release(request.lease_id)
+        return pb.ReleaseResponse()
+
+    @_unary
+    async def Delete(self, request: pb.DeleteRequest, context: Any) -> pb.DeleteResponse:
+        n = await self.engine.delete(request.namespace, list(request.block_hashes))
+        return pb.DeleteResponse(deleted=n)
+
+    @_unary
+    async def Hint(self, request: pb.HintRequest, context: Any) -> pb.HintResponse:
+        if not request.session_id:
+            raise InvalidArgument("Hint: session_id is required")
+        if request.event not in Hint.EVENTS:
+            raise InvalidArgument(
+                f"Hint: unknown event {request.event!r}; valid: {', '.join(Hint.EVENTS)}")
+        hint = Hint(
+            session_id=request.session_id, event=request.event,
+            workload=Workload.parse(request.workload).value, tool=request.tool or None,
+            expected_gap_s=(request.expected_gap_ms / 1000.0) if request.expected_gap_ms else None,
+        )
+        return pb.HintResponse(moves=self.engine.hint(hint))
+
+    @_unary
+    async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
+        eng = self.engine
+        st = eng.stats
+        tiers = [
+            pb.TierStats(
+                name=name, medium=MEDIUM_TO_PB[t.medium], capacity_bytes=t.capacity_bytes,
+                used_bytes=t.used_bytes,
+                blocks=sum(1 for e in eng.index.entries() if name in e.tiers),
+                hits=st.tier_hits[name], evictions=st.evictions[name],
+            )
+            for name, t in eng.tiers.items()
+        ]
+        return pb.StatsResponse(
+            tiers=tiers, blocks=len(eng.index), namespaces=len(eng.index.namespaces()),
+            lookups=st.lookups, lookup_hit_blocks=st.lookup_hit_blocks,
+            lookup_miss_blocks=st.lookup_miss_blocks, puts=st.puts, gets=st.gets,
+            bytes_in=st.bytes_in, bytes_out=st.bytes_out, pending_moves=eng.mover.pending,
+            version=__version__,
+            events_published=getattr(self.events, "published", 0) if self.events else 0,
+        )
+
+    async def SubscribeEvents(self, request: pb.SubscribeRequest, context: Any
+                              ) -> AsyncIterator[pb.EventBatch]:
+        if self.events is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "this server publishes no events")
+            return
+        from kvstore.server.events_service import subscribe_events
+
+        async for batch in subscribe_events(self.events, request, context):
+            yield batch

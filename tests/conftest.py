@@ -1,0 +1,173 @@
+"""Shared fixtures: a real server in a background thread or in a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvstore.config import Config, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_TRACES = REPO.parent / "shared" / "traces"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_config(data_dir: Path, **sections: dict[str, Any]) -> Config:
+    """A server config on loopback with free ports and small tiers."""
+    overrides: dict[str, Any] = {
+        "data_dir": str(data_dir),
+        "server": {"listen": f"127.0.0.1:{free_port()}", "metrics_port": 0},
+        "dram": {"capacity": "256MiB"},
+        "disk": {"capacity": "1GiB"},
+        "events": {"endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"},
+    }
+    for name, values in sections.items():
+        if isinstance(overrides.get(name), dict):
+            overrides[name] = {**overrides[name], **values}
+        else:
+            overrides[name] = values
+    return load_config(env={}, overrides=overrides)
+
+
+test_config.__test__ = False  # type: ignore[attr-defined]
+
+
+class ServerThread:
+    """A KVStoreServer on its own event loop in a thread (sync clients can call it)."""
+
+    def __init__(self, cfg: Config) -> None:
+        from kvstore.server.app import KVStoreServer
+
+        self.cfg = cfg
+        self.server = KVStoreServer(cfg)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self.run(self.server.start())
+        self.address = f"127.0.0.1:{self.server.port}"
+
+    def run(self, coro: Any, timeout: float = 60.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    @property
+    def engine(self) -> Any:
+        return self.server.engine
+
+    def drain(self) -> None:
+        """Wait for queued background transfers (write-back) to finish."""
+        self.run(self.server.engine.mover.drain())
+
+    def stop(self) -> None:
+        try:
+            self.run(self.server.stop(0.5))
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
+            self.loop.close()
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path) -> Iterator[Any]:
+    started: list[ServerThread] = []
+
+    def make(**sections: dict[str, Any]) -> ServerThread:
+        st = ServerThread(test_config(tmp_path / f"data{len(started)}", **sections))
+        started.append(st)
+        return st
+
+    yield make
+    for st in reversed(started):
+        st.stop()
+
+
+@pytest.fixture
+def server(server_factory: Any) -> ServerThread:
+    return server_factory()
+
+
+@dataclass
+class ServerProcess:
+    """``kvstore serve`` as a real process (for crash tests)."""
+
+    data_dir: Path
+    port: int
+    extra_env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        env = {**os.environ, **self.extra_env}
+        kvstore = shutil.which("kvstore", path=str(Path(sys.executable).parent)) or "kvstore"
+        self.proc = subprocess.Popen(
+            [kvstore, "serve", "--listen", self.address, "--data-dir", str(self.data_dir),
+             "--metrics-port", "0"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        from kvstore.client import KVStoreClient
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                out = self.proc.stdout.read().decode() if self.proc.stdout else ""
+                raise RuntimeError(f"kvstore serve exited with {self.proc.returncode}:\n{out}")
+            try:
+                with KVStoreClient(self.address, timeout=1.0, shared_memory=False) as c:
+                    c.stats()
+                return
+            except Exception:
+                time.sleep(0.2)
+        raise TimeoutError(f"kvstore serve did not answer on {self.address} in {timeout}s")
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@pytest.fixture
+def server_process(tmp_path: Path) -> Iterator[Any]:
+    procs: list[ServerProcess] = []
+
+    def make(data_dir: Path | None = None, port: int | None = None,
+             **env: str) -> ServerProcess:
+        base = {
+            "KVSTORE_EVENTS__ENDPOINT": "tcp://127.0.0.1:*",
+            "KVSTORE_EVENTS__REPLAY_ENDPOINT": "tcp://127.0.0.1:*",
+        }
+        p = ServerProcess(data_dir or tmp_path / "data", port or free_port(), {**base, **env})
+        procs.append(p)
+        p.start()
+        return p
+
+    yield make
+    for p in procs:
+        p.stop()
