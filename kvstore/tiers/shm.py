@@ -1,0 +1,102 @@
+"""POSIX shared-memory segments: the owner side and the client side.
+
+The owner (the DRAM tier in the server) creates, pre-faults and finally unlinks
+each segment. A client on the same host maps it by name with
+:func:`attach_segment` and must never unlink it.
+
+Python 3.11 caveat: ``SharedMemory(name=...)`` registers the segment with the
+process's ``multiprocessing.resource_tracker`` even when merely attaching (the
+``track=False`` argument only arrived in 3.13), and the tracker *unlinks every
+registered segment when the process exits*. An attaching client that does not
+unregister therefore destroys the owner's segment on exit (and the tracker
+warns about a "leaked" segment). :func:`attach_segment` unregisters right after
+attaching; clients must use it (or do the same) instead of ``SharedMemory(name)``.
+Then ``shm.close()`` (never ``unlink()``) when done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import sys
+from multiprocessing import resource_tracker
+from multiprocessing.shared_memory import SharedMemory
+from typing import cast
+
+import numpy as np
+
+from kvstore.errors import TierUnavailable
+
+__all__ = ["PAGE_SIZE", "attach_segment", "create_segment", "destroy_segment", "segment_name"]
+
+log = logging.getLogger(__name__)
+
+#: OS page size used for pre-faulting.
+PAGE_SIZE = 4096
+
+
+def segment_name(prefix: str, index: int) -> str:
+    """A fresh, unguessable segment name: ``<prefix>_<pid>_<random>_<index>``."""
+    return f"{prefix}_{os.getpid()}_{secrets.token_hex(4)}_{index}"
+
+
+def create_segment(name: str, size: int, *, prefault: bool = True) -> SharedMemory:
+    """Create a segment of ``size`` bytes (owner side) and fault its pages in.
+
+    Touching one byte per page makes the kernel back every page now, so the
+    first write into a slot runs at memcpy speed instead of page-fault speed.
+    """
+    try:
+        shm = SharedMemory(name=name, create=True, size=size)
+    except OSError as exc:
+        raise TierUnavailable(
+            f"cannot create shared-memory segment {name!r} of {size} bytes: {exc}; "
+            "check /dev/shm size (docker: --shm-size) and free memory"
+        ) from exc
+    if prefault:
+        try:
+            pages = np.frombuffer(cast(memoryview, shm.buf), dtype=np.uint8)
+            pages[::PAGE_SIZE] = 0
+            del pages
+        except BaseException:
+            destroy_segment(shm)
+            raise
+    return shm
+
+
+def attach_segment(name: str) -> SharedMemory:
+    """Map an existing segment by name (client side) without taking ownership.
+
+    The segment is unregistered from ``multiprocessing.resource_tracker`` so this
+    process's exit does not unlink the owner's segment (see the module docstring).
+    Call ``close()`` on the result when done; never ``unlink()``.
+    """
+    if sys.version_info >= (3, 13):  # pragma: no cover - 3.13 has track=False
+        return SharedMemory(name=name, create=False, track=False)  # type: ignore[call-arg]
+    shm = SharedMemory(name=name, create=False)
+    # SharedMemory registered its private "/name" form; unregister the same string.
+    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    return shm
+
+
+def destroy_segment(shm: SharedMemory) -> None:
+    """Unmap and unlink a segment the caller owns. Safe if views are still alive.
+
+    When views of the segment are still exported (a reader holds a memoryview
+    from ``get``), the mapping cannot be closed now: the name is unlinked anyway
+    and the memory is unmapped by the kernel/CPython when the last view goes.
+    """
+    try:
+        shm.close()
+    except BufferError:
+        log.debug("segment %s still has exported views; unmapping when they go", shm.name)
+        # Drop our handles without closing the mmap: the views keep it alive and
+        # CPython unmaps it when the last one is released. Clearing these stops
+        # SharedMemory.__del__ from retrying close() and raising in a finalizer.
+        shm._buf = None  # type: ignore[attr-defined]
+        shm._mmap = None  # type: ignore[attr-defined]
+        shm.close()  # closes the fd only
+    with contextlib.suppress(FileNotFoundError):
+        shm.unlink()

@@ -1,0 +1,85 @@
+"""Fixtures shared by the tier tests: block metadata and one factory per tier."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from kvstore.tiers.base import Tier
+from kvstore.tiers.disk import DiskTier
+from kvstore.tiers.dram import DramTier
+from kvstore.tiers.memory import MemoryTier
+from kvstore.types import BlockKey, BlockMeta, Workload
+
+#: Small tiers keep the suite fast: 1 MiB of payload, 256 KiB DRAM slab pages.
+CAPACITY = 1 << 20
+PAGE = 256 << 10
+
+
+def key(i: int, namespace: str = "model-a") -> BlockKey:
+    return BlockKey(namespace, i.to_bytes(32, "big"))
+
+
+def meta_for(k: BlockKey, payload: bytes | memoryview, **kw: object) -> BlockMeta:
+    view = memoryview(payload).cast("B")
+    fields: dict[str, object] = {
+        "key": k,
+        "parent_hash": None,
+        "token_ids": tuple(range(16)),
+        "size": view.nbytes,
+        "checksum": xxhash.xxh3_64_intdigest(view),
+    }
+    fields.update(kw)
+    return BlockMeta(**fields)  # type: ignore[arg-type]
+
+
+def payload(i: int, size: int) -> bytes:
+    return (i.to_bytes(4, "big") * (size // 4 + 1))[:size]
+
+
+def block(i: int, size: int, **kw: object) -> tuple[BlockMeta, bytes]:
+    data = payload(i, size)
+    return meta_for(key(i), data, session_id=f"s{i}", workload=Workload.CHAT, **kw), data
+
+
+TierFactory = Callable[[int], Tier]
+
+
+def make_tier(kind: str, capacity: int, tmp_path: Path) -> Tier:
+    if kind == "memory":
+        return MemoryTier(capacity)
+    if kind == "dram":
+        return DramTier(capacity, segment_prefix="kvtest", page_bytes=PAGE)
+    if kind == "disk":
+        return DiskTier(tmp_path / "disk", capacity)
+    raise ValueError(kind)
+
+
+@pytest.fixture(params=["memory", "dram", "disk"])
+async def tier(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Tier]:
+    t = make_tier(request.param, CAPACITY, tmp_path)
+    try:
+        yield t
+    finally:
+        await t.close()
+
+
+@pytest.fixture
+async def dram() -> AsyncIterator[DramTier]:
+    t = DramTier(CAPACITY, segment_prefix="kvtest", page_bytes=PAGE)
+    try:
+        yield t
+    finally:
+        await t.close()
+
+
+@pytest.fixture
+async def disk(tmp_path: Path) -> AsyncIterator[DiskTier]:
+    t = DiskTier(tmp_path / "disk", CAPACITY)
+    try:
+        yield t
+    finally:
+        await t.close()
