@@ -35,6 +35,9 @@ def _serve(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides=overrides)
     logging.basicConfig(level=cfg.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` dumps every thread's stack
     try:
         import uvloop
 

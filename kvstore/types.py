@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvstore.errors import InvalidBlock
 
@@ -68,9 +69,11 @@ def check_hash(value: bytes, what: str = "block_hash") -> bytes:
     return value
 
 
-@dataclass(frozen=True, slots=True)
-class BlockKey:
-    """(namespace, block hash): blocks of different namespaces never mix."""
+class BlockKey(NamedTuple):
+    """(namespace, block hash): blocks of different namespaces never mix.
+
+    A NamedTuple rather than a dataclass: keys are hashed on every lookup and
+    policy call, and a tuple hashes in C."""
 
     namespace: str
     block_hash: bytes
@@ -111,4 +114,3 @@ class BlockMeta:
     session_id: str = ""
     workload: Workload = Workload.UNKNOWN
     created_at: float = 0.0
-    extra: dict[str, str] = field(default_factory=dict, compare=False)

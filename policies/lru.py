@@ -20,9 +20,10 @@ class LRUPolicy(Policy):
         self._lru[tier].move_to_end(info.key)
 
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
-        lru = self._lru[tier]
-        if key in lru:
-            lru.move_to_end(key)
+        try:
+            self._lru[tier].move_to_end(key)
+        except KeyError:
+            pass
 
     def on_remove(self, key: Hashable, tier: str) -> None:
         self._lru[tier].pop(key, None)

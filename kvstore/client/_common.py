@@ -4,15 +4,16 @@ copies and error translation. No I/O on the network here."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.shared_memory import SharedMemory
+from typing import Any
 
 import grpc
 
 from kvstore import errors
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
-from kvstore.errors import BadDescriptor, KVStoreError, Unavailable
+from kvstore.errors import BadDescriptor, InvalidArgument, KVStoreError, Unavailable
 from kvstore.types import BlockData, Medium
 
 __all__ = ["LookupResult", "SegmentCache", "Stats", "batches", "translate"]
@@ -20,9 +21,15 @@ __all__ = ["LookupResult", "SegmentCache", "Stats", "batches", "translate"]
 _MEDIA = {pb.MEDIUM_GPU: Medium.GPU, pb.MEDIUM_CPU: Medium.CPU, pb.MEDIUM_DISK: Medium.DISK,
           pb.MEDIUM_REMOTE: Medium.REMOTE}
 
-#: Blocks per Put message / shared-memory batch (bounded by bytes too).
+#: Consumes one block read under a lease: (index, header, payload) -> payload size.
+BlockSink = Callable[[int, pb.BlockHeader, "bytes | memoryview"], int]
+
+#: Blocks per shared-memory batch (one Reserve/Commit pair), bounded by bytes too.
 BATCH_BYTES = 16 * 2**20
 BATCH_BLOCKS = 256
+#: Bytes per gRPC Put message: measured on loopback, 1 MiB messages stream ~4x
+#: faster than 16 MiB ones (grpc's flow control and copies favour small frames).
+GRPC_MESSAGE_BYTES = 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,12 +95,13 @@ def header(b: BlockData, size: int) -> pb.BlockHeader:
                           token_ids=list(b.token_ids), size=size)
 
 
-def batches(blocks: Sequence[BlockData]) -> Iterator[Sequence[BlockData]]:
-    """Split into batches of at most BATCH_BLOCKS blocks / ~BATCH_BYTES bytes."""
+def batches(blocks: Sequence[BlockData], max_bytes: int = BATCH_BYTES
+            ) -> Iterator[Sequence[BlockData]]:
+    """Split into batches of at most BATCH_BLOCKS blocks / ~max_bytes bytes."""
     start, size = 0, 0
     for i, b in enumerate(blocks):
         n = len(b.payload)
-        if i > start and (size + n > BATCH_BYTES or i - start >= BATCH_BLOCKS):
+        if i > start and (size + n > max_bytes or i - start >= BATCH_BLOCKS):
             yield blocks[start:i]
             start, size = i, 0
         size += n
@@ -103,11 +111,22 @@ def batches(blocks: Sequence[BlockData]) -> Iterator[Sequence[BlockData]]:
 
 def put_requests(namespace: str, blocks: Sequence[BlockData], session_id: str,
                  workload: str) -> Iterator[pb.PutRequest]:
-    for batch in batches(blocks):
+    for batch in batches(blocks, GRPC_MESSAGE_BYTES):
         yield pb.PutRequest(
             namespace=namespace, session_id=session_id, workload=workload,
             blocks=[pb.Block(header=header(b, len(b.payload)), payload=bytes(b.payload))
                     for b in batch])
+
+
+def copy_into(dst: Any, src: bytes | memoryview) -> int:
+    """Copy ``src`` into the start of writable buffer ``dst``; returns len(src)."""
+    view = memoryview(dst).cast("B")
+    n = len(src)
+    if view.nbytes < n:
+        raise InvalidArgument(f"get_into: a buffer of {view.nbytes} bytes is too small for a "
+                              f"block of {n} bytes")
+    view[:n] = src
+    return n
 
 
 def block_from_pb(h: pb.BlockHeader, payload: bytes) -> BlockData:

@@ -13,16 +13,18 @@ from kvstore._host import host_id
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 from kvstore.client._common import (
+    BlockSink,
     LookupResult,
     SegmentCache,
     Stats,
     batches,
     block_from_pb,
+    copy_into,
     header,
     put_requests,
     translate,
 )
-from kvstore.errors import KVStoreError, LeaseExpired, TierFull
+from kvstore.errors import InvalidArgument, KVStoreError, LeaseExpired, TierFull
 from kvstore.types import BlockData
 
 __all__ = ["KVStoreClient"]
@@ -141,9 +143,14 @@ class KVStoreClient:
         """The blocks, in order; ``None`` where a block is not stored."""
         hashes = [bytes(h) for h in hashes]
         if self.uses_shared_memory:
-            out: list[BlockData | None] = []
+            out: list[BlockData | None] = [None] * len(hashes)
+
+            def keep(i: int, h: pb.BlockHeader, payload: bytes | memoryview) -> int:
+                out[i] = block_from_pb(h, bytes(payload))
+                return len(payload)
+
             for i in range(0, len(hashes), 256):
-                out += self._get_shm(namespace, hashes[i:i + 256])
+                self._read_shm(namespace, hashes[i:i + 256], keep, i)
             return out
         return self._get_grpc(namespace, hashes)
 
@@ -158,32 +165,57 @@ class KVStoreClient:
             raise translate(exc, self.address) from exc
         return result
 
-    def _get_shm(self, namespace: str, hashes: list[bytes], retries: int = 1
-                 ) -> list[BlockData | None]:
+    def get_into(self, namespace: str, hashes: Sequence[bytes],
+                   buffers: Sequence[Any]) -> list[int]:
+        """Copy blocks into caller-owned writable buffers (no allocation per block).
+
+        ``buffers[i]`` receives block ``i`` (anything exporting a writable buffer:
+        bytearray, numpy array, mmap). Returns each block's payload length, 0 where
+        the block is missing. Raises InvalidArgument if a buffer is too small."""
+        if len(buffers) != len(hashes):
+            raise InvalidArgument(f"get_into: {len(hashes)} hashes but {len(buffers)} buffers")
+        hashes = [bytes(h) for h in hashes]
+        if not self.uses_shared_memory:
+            return [copy_into(buffers[i], b.payload) if b else 0
+                    for i, b in enumerate(self._get_grpc(namespace, hashes))]
+        sizes: list[int] = []
+        for i in range(0, len(hashes), 256):
+            sizes += self._read_shm(namespace, hashes[i:i + 256],
+                                         lambda j, _h, payload: copy_into(buffers[j], payload), i)
+        return sizes
+
+    def _read_shm(self, namespace: str, hashes: list[bytes], sink: BlockSink, base: int = 0,
+                   retries: int = 1) -> list[int]:
+        """Read blocks under a lease; ``sink(base + i, header, bytes)`` consumes block i
+        while the lease holds. Returns payload sizes (0 = missing)."""
         resp = self._call(self._stub.Acquire,
                           pb.AcquireRequest(namespace=namespace, block_hashes=hashes))
-        out: list[BlockData | None] = []
-        overflow: list[int] = []  # stored, but not in shared memory: fetch over gRPC
+        sizes: list[int] = []
+        overflow: list[int] = []  # stored, but not in shared memory now: read over gRPC
         for i, (d, h) in enumerate(zip(resp.slots, resp.headers, strict=True)):
             if not d.length:
-                out.append(None)
+                sizes.append(0)
                 if h.block_hash:
                     overflow.append(i)
                 continue
             region = self._segments.region(d)
-            out.append(block_from_pb(h, bytes(region)))
-            region.release()
+            try:
+                sizes.append(sink(base + i, h, region))
+            finally:
+                region.release()
         try:
             self._call(self._stub.Release, pb.ReleaseRequest(lease_id=resp.lease_id))
         except LeaseExpired:
             if retries <= 0:
                 raise
-            return self._get_shm(namespace, hashes, retries - 1)
+            # What was read may have been overwritten: read it all again.
+            return self._read_shm(namespace, hashes, sink, base, retries - 1)
         if overflow:
             rest = self._get_grpc(namespace, [hashes[i] for i in overflow])
             for i, blk in zip(overflow, rest, strict=True):
-                out[i] = blk  # bytes may be stale
-        return out
+                if blk is not None:
+                    sizes[i] = sink(base + i, header(blk, len(blk.payload)), blk.payload)
+        return sizes
 
     def delete(self, namespace: str, hashes: Sequence[bytes] = ()) -> int:
         """Delete blocks; no hashes deletes the whole namespace."""

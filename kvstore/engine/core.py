@@ -82,6 +82,9 @@ class Engine:
         self._in_flight: Counter[BlockKey] = Counter()
         #: Deleted while protected: (key, tier) whose bytes are freed by sweep().
         self._deferred_free: list[tuple[BlockKey, str]] = []
+        self._medium = {name: t.medium for name, t in self.tiers.items()}
+        #: Only build per-lookup key lists for policies that prefetch.
+        self._wants_lookups = type(policy).on_lookup is not Policy.on_lookup
 
     # -- lifecycle ------------------------------------------------------------------
     async def start(self) -> int:
@@ -238,11 +241,16 @@ class Engine:
         self._in_flight[key] += 1
         try:
             payload = await self.tiers[src].get(key)
-            await self._store(entry.meta, payload, dst)
+            await self.make_room(dst, entry.meta.size)
+            await self.tiers[dst].put(entry.meta, payload)
             # Tripwire: the source bytes must not have changed under the copy.
             if xxhash.xxh3_64_intdigest(payload) != entry.meta.checksum:
-                await self._drop(key, dst)
+                await self.tiers[dst].delete(key)
                 raise DataCorruption(f"{key} changed in {src!r} while being copied to {dst!r}")
+            if self.index.get(key) is not entry:
+                await self.tiers[dst].delete(key)  # deleted while we copied: keep it deleted
+                return
+            self._stored(entry.meta, dst)
             self.stats.moved_bytes[(src, dst)] += entry.meta.size
         finally:
             self._in_flight[key] -= 1
@@ -311,24 +319,31 @@ class Engine:
 
     def lookup(self, namespace: str, hashes: Sequence[bytes], session_id: str = "",
                workload: str = "") -> list[Medium]:
-        """Media of the longest stored prefix of ``hashes`` (fastest tier each)."""
-        self.index.check_hashes(namespace, list(hashes))
+        """Media of the longest stored prefix of ``hashes`` (fastest tier each).
+
+        The hot path of every scheduling step: one dict probe and one policy
+        touch per block, nothing else."""
+        hashes = hashes if isinstance(hashes, list) else list(hashes)
+        self.index.check_hashes(namespace, hashes)
         now = self.clock()
-        media: list[Medium] = []
+        blocks = self.index.blocks_of(namespace)
+        touch = self.policy.on_access
         hit_tiers: list[str | None] = []
         for h in hashes:
-            entry = self.index.get_hash(namespace, h)
+            entry = blocks.get(h)
             if entry is None:
                 break
             tier = entry.tiers[0]
-            self.policy.on_access(entry.key, tier, now)
-            self.stats.tier_hits[tier] += 1
-            media.append(self.tiers[tier].medium)
+            touch(entry.meta.key, tier, now)
             hit_tiers.append(tier)
-        self.stats.lookups += 1
-        self.stats.lookup_hit_blocks += len(media)
-        self.stats.lookup_miss_blocks += len(hashes) - len(media)
-        if hashes:
+        st = self.stats
+        st.tier_hits.update(hit_tiers)  # type: ignore[arg-type]
+        st.lookups += 1
+        st.lookup_hit_blocks += len(hit_tiers)
+        st.lookup_miss_blocks += len(hashes) - len(hit_tiers)
+        medium = self._medium
+        media = [medium[t] for t in hit_tiers]  # type: ignore[index]
+        if hashes and self._wants_lookups:
             keys = [BlockKey(namespace, h) for h in hashes]
             info = BlockInfo(key=keys[0], size=0, session_id=session_id,
                              workload=workload or "unknown", request_blocks=len(hashes))

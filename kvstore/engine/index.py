@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kvstore.errors import InvalidBlock, NamespaceNotFound
-from kvstore.types import BlockKey, BlockMeta, check_hash
+from kvstore.types import HASH_LENGTHS, BlockKey, BlockMeta, check_hash
 
 __all__ = ["Entry", "Index"]
 
@@ -29,6 +29,9 @@ class _Namespace:
     blocks: dict[bytes, Entry] = field(default_factory=dict)
 
 
+_EMPTY: dict[bytes, Entry] = {}
+
+
 class Index:
     """Namespaces -> hash -> :class:`Entry`. Tier order is given at construction."""
 
@@ -41,17 +44,23 @@ class Index:
         """Validate hash lengths (and that a namespace keeps one length)."""
         if not namespace:
             raise InvalidBlock("namespace must be a non-empty string")
-        for h in hashes:
+        if not hashes:
+            return
+        lengths = set(map(len, hashes))
+        for h in hashes[:1]:
             check_hash(h)
+        if len(lengths) > 1 or not lengths <= set(HASH_LENGTHS):
+            for h in hashes:
+                check_hash(h)
         ns = self._ns.get(namespace)
-        want = ns.hash_len if ns else (len(hashes[0]) if hashes else 0)
-        for h in hashes:
-            if len(h) != want:
-                raise InvalidBlock(
-                    f"namespace {namespace!r} uses {want}-byte block hashes, got {len(h)} bytes; "
-                    "one namespace cannot mix hash functions"
-                )
-        if create and ns is None and hashes:
+        want = ns.hash_len if ns else len(hashes[0])
+        if lengths != {want}:
+            got = sorted(lengths - {want})[0]
+            raise InvalidBlock(
+                f"namespace {namespace!r} uses {want}-byte block hashes, got {got} bytes; "
+                "one namespace cannot mix hash functions"
+            )
+        if create and ns is None:
             self._ns[namespace] = _Namespace(hash_len=want)
 
     def require_namespace(self, namespace: str) -> None:
@@ -68,6 +77,11 @@ class Index:
     def get_hash(self, namespace: str, block_hash: bytes) -> Entry | None:
         ns = self._ns.get(namespace)
         return ns.blocks.get(block_hash) if ns else None
+
+    def blocks_of(self, namespace: str) -> dict[bytes, Entry]:
+        """hash -> entry of one namespace (empty if unknown); read-only use."""
+        ns = self._ns.get(namespace)
+        return ns.blocks if ns is not None else _EMPTY
 
     def namespaces(self) -> list[str]:
         return list(self._ns)

@@ -36,7 +36,8 @@ __all__ = ["KVStoreServicer"]
 
 log = logging.getLogger(__name__)
 
-_GET_CHUNK_BYTES = 8 * 2**20
+#: Bytes per streamed Get message (small frames stream fastest; see the client).
+_GET_CHUNK_BYTES = 2**20
 T = TypeVar("T")
 
 

@@ -5,7 +5,7 @@ Layout (little-endian)::
     prefix  36 bytes  magic "KVSB", version u16, flags u16, meta_len u32,
                       payload_size u64, payload xxh3-64 u64, meta xxh3-64 u64
     meta    meta_len  msgpack map: namespace, block hash, parent hash, token ids,
-                      size, session id, workload, created_at, extra
+                      size, session id, workload, created_at
     payload payload_size bytes
 
 A file is intact when its prefix parses, the meta checksum matches, and the file
@@ -78,7 +78,6 @@ def encode_header(meta: BlockMeta, checksum: int) -> bytes:
         "session": meta.session_id,
         "workload": str(meta.workload),
         "created": meta.created_at,
-        "extra": dict(meta.extra),
     }
     body = msgspec.msgpack.encode(fields)
     prefix = PREFIX.pack(
@@ -114,7 +113,6 @@ def decode_meta(header: Header, body: bytes | memoryview) -> BlockMeta:
             session_id=f["session"],
             workload=Workload(f["workload"]),
             created_at=float(f["created"]),
-            extra=dict(f["extra"]),
         )
     except (msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
         raise BadBlockFile(f"undecodable metadata: {exc}") from exc

@@ -42,6 +42,10 @@ def segment_name(prefix: str, index: int) -> str:
     return f"{prefix}_{os.getpid()}_{secrets.token_hex(4)}_{index}"
 
 
+#: Segments this process created (an in-process client must not unregister them).
+_OWNED: set[str] = set()
+
+
 def create_segment(name: str, size: int, *, prefault: bool = True) -> SharedMemory:
     """Create a segment of ``size`` bytes (owner side) and fault its pages in.
 
@@ -63,6 +67,7 @@ def create_segment(name: str, size: int, *, prefault: bool = True) -> SharedMemo
         except BaseException:
             destroy_segment(shm)
             raise
+    _OWNED.add(shm.name)
     return shm
 
 
@@ -76,8 +81,10 @@ def attach_segment(name: str) -> SharedMemory:
     if sys.version_info >= (3, 13):  # pragma: no cover - 3.13 has track=False
         return SharedMemory(name=name, create=False, track=False)  # type: ignore[call-arg]
     shm = SharedMemory(name=name, create=False)
-    # SharedMemory registered its private "/name" form; unregister the same string.
-    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    if name not in _OWNED:
+        # SharedMemory registered its private "/name" form; unregister the same string.
+        # (Not when this process owns it: the owner's registration must stay.)
+        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
     return shm
 
 

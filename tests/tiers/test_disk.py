@@ -35,7 +35,7 @@ async def test_restart_recovers_every_block(tmp_path: Path) -> None:
     root = tmp_path / "d"
     first = DiskTier(root, CAPACITY)
     items = [
-        block(i, 1000 * (i + 1), parent_hash=bytes(32) if i else None, extra={"lora": "x"})
+        block(i, 1000 * (i + 1), parent_hash=bytes(32) if i else None)
         for i in range(5)
     ]
     await first.put_many(items)
@@ -48,7 +48,7 @@ async def test_restart_recovers_every_block(tmp_path: Path) -> None:
     for m, data in items:
         got = metas[m.key]
         assert got.token_ids == m.token_ids and got.session_id == m.session_id
-        assert got.workload is Workload.CHAT and got.extra == {"lora": "x"}
+        assert got.workload is Workload.CHAT
         assert bytes(await second.get(m.key)) == data
     assert second.used_bytes == sum(m.size for m, _ in items)
     await second.close()

