@@ -112,6 +112,7 @@ class ServerProcess:
     extra_env: dict[str, str]
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    metrics_port: int = 0
 
     @property
     def address(self) -> str:
@@ -125,7 +126,7 @@ class ServerProcess:
         with open(self.log_path, "ab") as log:  # a file, never a pipe nobody drains
             self.proc = subprocess.Popen(
                 [kvstore, "serve", "--listen", self.address, "--data-dir", str(self.data_dir),
-                 "--metrics-port", "0"],
+                 "--metrics-port", str(self.metrics_port)],
                 env=env, stdout=log, stderr=subprocess.STDOUT)
         from kvstore.client import KVStoreClient
 
@@ -161,13 +162,14 @@ class ServerProcess:
 def server_process(tmp_path: Path) -> Iterator[Any]:
     procs: list[ServerProcess] = []
 
-    def make(data_dir: Path | None = None, port: int | None = None,
+    def make(data_dir: Path | None = None, port: int | None = None, metrics_port: int = 0,
              **env: str) -> ServerProcess:
         base = {
             "KVSTORE_EVENTS__ENDPOINT": "tcp://127.0.0.1:*",
             "KVSTORE_EVENTS__REPLAY_ENDPOINT": "tcp://127.0.0.1:*",
         }
-        p = ServerProcess(data_dir or tmp_path / "data", port or free_port(), {**base, **env})
+        p = ServerProcess(data_dir or tmp_path / "data", port or free_port(), {**base, **env},
+                          metrics_port=metrics_port)
         procs.append(p)
         p.start()
         return p

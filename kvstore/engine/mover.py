@@ -41,6 +41,7 @@ class Mover:
         self.failed = 0
         self.done = 0
         self.dropped = 0
+        self._running = 0
 
     def start(self) -> None:
         if self._task is None:
@@ -56,7 +57,8 @@ class Mover:
 
     @property
     def pending(self) -> int:
-        return self._queue.qsize()
+        """Transfers queued or running."""
+        return self._queue.qsize() + self._running
 
     async def drain(self) -> None:
         """Wait until every queued transfer has run (tests, shutdown)."""
@@ -65,6 +67,7 @@ class Mover:
     async def _loop(self) -> None:
         while True:
             t = await self._queue.get()
+            self._running = 1
             try:
                 await self._run(t)
                 self.done += 1
@@ -74,6 +77,7 @@ class Mover:
                 self.failed += 1
                 log.warning("transfer %s %s->%s failed: %s", t.key, t.src, t.dst, exc)
             finally:
+                self._running = 0
                 self._queue.task_done()
 
     async def close(self) -> None:

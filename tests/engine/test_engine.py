@@ -4,13 +4,13 @@ reservations, deferred frees, hints, recovery, and the events of each change."""
 from __future__ import annotations
 
 import pytest
+from kvstore.policies import Hint, Move, TierSpec
+from kvstore.policies.lru import LRUPolicy
 
 from kvstore.engine.core import Engine, NewBlock
 from kvstore.engine.dataplane import SlotPlane
 from kvstore.errors import LeaseExpired, TierFull, UnknownReservation
 from kvstore.events import RecordingSink
-from kvstore.policies import Hint, Move, TierSpec
-from kvstore.policies.lru import LRUPolicy
 from kvstore.tiers.disk import DiskTier
 from kvstore.tiers.dram import DramTier
 from kvstore.tiers.memory import MemoryTier

@@ -1,0 +1,59 @@
+"""Config: embedded defaults, TOML, env overrides, errors that name the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvstore.config import load_config, parse_size
+from kvstore.errors import ConfigError
+
+
+def test_embedded_defaults_need_nothing():
+    cfg = load_config(env={})
+    assert cfg.server.listen == "127.0.0.1:50051"
+    assert cfg.dram.enabled and cfg.disk.enabled
+    assert cfg.dram.capacity == 2**30 and cfg.disk.capacity == 10 * 2**30
+    assert str(cfg.disk_path).endswith("kvstore-data/disk")
+    assert cfg.engine.policy == "lru"
+
+
+def test_toml_then_env_then_overrides(tmp_path):
+    f = tmp_path / "kv.toml"
+    f.write_text('data_dir = "/x"\n[dram]\ncapacity = "2GiB"\n[server]\nlisten = "0.0.0.0:1"\n')
+    cfg = load_config(f, env={"KVSTORE_DRAM__CAPACITY": "3GiB", "KVSTORE_LOG_LEVEL": "debug"},
+                      overrides={"server": {"listen": "127.0.0.1:2"}})
+    assert cfg.data_dir == "/x" and cfg.dram.capacity == 3 * 2**30
+    assert cfg.server.listen == "127.0.0.1:2" and cfg.log_level == "debug"
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"dram": {"capacity": "lots"}}, "dram.capacity: expected a size"),
+    ({"dram": {"capacity": 0}}, "dram.capacity: must be > 0"),
+    ({"server": {"listen": "nowhere"}}, "server.listen: expected HOST:PORT"),
+    ({"server": {"metrics_port": 70000}}, "server.metrics_port"),
+    ({"server": {"max_block_bytes": "100MiB"}}, "must exceed server.max_block_bytes"),
+    ({"engine": {"policy": "fifo9"}}, "engine.policy: unknown policy 'fifo9'; valid: "),
+    ({"dram": {"colour": "red"}}, "dram.colour: unknown field; valid: "),
+    ({"nonsense": 1}, "nonsense: unknown setting"),
+    ({"dram": {"enabled": "maybe"}}, "dram.enabled: expected bool"),
+    ({"dram": {"enabled": False}, "disk": {"enabled": False}}, "at least one tier"),
+    ({"log_level": "LOUD"}, "log_level"),
+])
+def test_bad_values_name_the_field(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        load_config(env={}, overrides=overrides)
+
+
+def test_missing_and_broken_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml", env={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[dram\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad, env={})
+
+
+def test_sizes():
+    assert parse_size("64MiB", "x") == 64 * 2**20
+    assert parse_size("1.5GB", "x") == 1_500_000_000
+    assert parse_size(4096, "x") == 4096
