@@ -14,6 +14,9 @@ if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.stamp 2>/dev/null)" != "$(stamp)
   "$PY" -m venv .venv
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e ".[test]"
+  # The generated stubs must import under protobuf 7 too (LMCache pins < 7, grpcio-tools
+  # 1.78 pins < 7): a side copy of protobuf 7 for tests/test_proto.py.
+  .venv/bin/pip install -q --target .venv/protobuf7 "protobuf>=7,<8"
   stamp > .venv/.stamp
 fi
 
