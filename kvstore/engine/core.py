@@ -410,8 +410,7 @@ class Engine:
     def hint(self, hint: Hint) -> int:
         """A turn / session event: let the policy move that session's blocks."""
         now = self.clock()
-        keys = [(e.key, e.tiers[0]) for e in self.index.entries()
-                if e.meta.session_id == hint.session_id]
+        keys = [(e.key, e.tiers[0]) for e in self.index.session_entries(hint.session_id)]
         return self._schedule(self.policy.on_hint(hint, keys, now), f"hint:{hint.event}")
 
 

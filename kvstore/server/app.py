@@ -82,18 +82,18 @@ def reap_stale_segments(prefix: str, shm_dir: str = "/dev/shm") -> list[str]:
     return reaped
 
 
-def _build_events(cfg: Config) -> Any:
-    """The event bus; with ``[events] enabled = false`` it publishes nothing over
-    ZMQ but still feeds gRPC ``SubscribeEvents``."""
-    from kvstore.events import EventsConfig, build_bus
+def _events_config(cfg: Config) -> Any:
+    from kvstore.events import EventsConfig
 
-    return build_bus(build_section("events", EventsConfig, cfg.events))
+    return build_section("events", EventsConfig, cfg.events)
 
 
 class KVStoreServer:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.events: Any = None
+        self.ingest: Any = None
+        self.vllm_cache: Any = None
         self.engine: Engine | None = None
         self._grpc: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
@@ -113,8 +113,21 @@ class KVStoreServer:
     async def _start(self) -> None:
         cfg = self.cfg
         os.makedirs(cfg.data_dir, exist_ok=True)
-        self.events = _build_events(cfg)
+        from kvstore.events import VllmCacheMirror, build_bus, build_ingest
+
+        events_cfg = _events_config(cfg)
+        # With [events] enabled = false nothing goes out over ZMQ; gRPC SubscribeEvents
+        # still works.
+        self.events = build_bus(events_cfg)
         await self.events.start()
+        # The worker's own vLLM events: mirrored (what sits in the engine's GPU cache)
+        # and re-published with ours, so routers see one complete stream.
+        self.vllm_cache = VllmCacheMirror()
+        bus = self.events
+        self.ingest = build_ingest(
+            events_cfg, lambda evs: bus.publish_events(self.vllm_cache.apply(evs)))
+        if self.ingest is not None:
+            await self.ingest.start()
         tiers: list[Tier] = []
         try:
             for t in build_tiers(cfg):
@@ -208,6 +221,9 @@ class KVStoreServer:
         if self.engine is not None:
             await self.engine.close()
             self.engine = None
+        if self.ingest is not None:
+            await self.ingest.close()
+            self.ingest = None
         if self.events is not None:
             await self.events.close()
             self.events = None

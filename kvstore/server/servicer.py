@@ -202,7 +202,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             pb.TierStats(
                 name=name, medium=MEDIUM_TO_PB[t.medium], capacity_bytes=t.capacity_bytes,
                 used_bytes=t.used_bytes,
-                blocks=sum(1 for e in eng.index.entries() if name in e.tiers),
+                blocks=eng.index.tier_blocks[name],
                 hits=st.tier_hits[name], evictions=st.evictions[name],
             )
             for name, t in eng.tiers.items()
@@ -212,7 +212,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             lookups=st.lookups, lookup_hit_blocks=st.lookup_hit_blocks,
             lookup_miss_blocks=st.lookup_miss_blocks, puts=st.puts, gets=st.gets,
             bytes_in=st.bytes_in, bytes_out=st.bytes_out, pending_moves=eng.mover.pending,
-            version=__version__,
+            version=__version__, sessions=eng.index.sessions(),
             events_published=getattr(self.events, "published", 0) if self.events else 0,
         )
 
