@@ -144,11 +144,11 @@ def run(address: str, total_bytes: int, repeats: int) -> dict[str, Any]:
         blocks = _blocks(1000, 4096, seed=3)
         c.put("bench-lookup", blocks)
         hashes = [b.block_hash for b in blocks]
-        lat = []
+        lat: list[float] = []
         for _ in range(300):
-            t = time.perf_counter()
+            t0 = time.perf_counter()
             r = c.lookup("bench-lookup", hashes)
-            lat.append(time.perf_counter() - t)
+            lat.append(time.perf_counter() - t0)
             if r.num_hit != 1000:
                 raise RuntimeError(f"lookup found {r.num_hit} of 1000")
         lat.sort()

@@ -22,7 +22,7 @@ _MEDIA = {pb.MEDIUM_GPU: Medium.GPU, pb.MEDIUM_CPU: Medium.CPU, pb.MEDIUM_DISK: 
           pb.MEDIUM_REMOTE: Medium.REMOTE}
 
 #: Consumes one block read under a lease: (index, header, payload) -> payload size.
-BlockSink = Callable[[int, pb.BlockHeader, "bytes | memoryview"], int]
+BlockSink = Callable[[int, pb.BlockHeader, "bytes | bytearray | memoryview"], int]
 
 #: Blocks per shared-memory batch (one Reserve/Commit pair), bounded by bytes too.
 BATCH_BYTES = 16 * 2**20
@@ -118,7 +118,7 @@ def put_requests(namespace: str, blocks: Sequence[BlockData], session_id: str,
                     for b in batch])
 
 
-def copy_into(dst: Any, src: bytes | memoryview) -> int:
+def copy_into(dst: Any, src: bytes | bytearray | memoryview) -> int:
     """Copy ``src`` into the start of writable buffer ``dst``; returns len(src)."""
     view = memoryview(dst).cast("B")
     n = len(src)
@@ -162,7 +162,10 @@ class SegmentCache:
             from kvstore.tiers.shm import attach_segment
 
             seg = self._segs[name] = attach_segment(name)
-        return seg.buf
+        buf = seg.buf
+        if buf is None:
+            raise BadDescriptor(f"shared-memory segment {name!r} is closed")
+        return buf
 
     def region(self, d: pb.SlotDescriptor) -> memoryview:
         buf = self.buf(d.segment)

@@ -145,7 +145,7 @@ class KVStoreClient:
         if self.uses_shared_memory:
             out: list[BlockData | None] = [None] * len(hashes)
 
-            def keep(i: int, h: pb.BlockHeader, payload: bytes | memoryview) -> int:
+            def keep(i: int, h: pb.BlockHeader, payload: bytes | bytearray | memoryview) -> int:
                 out[i] = block_from_pb(h, bytes(payload))
                 return len(payload)
 

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import xxhash
@@ -171,7 +171,7 @@ class Engine:
         )
 
     # -- capacity -----------------------------------------------------------------------
-    def protected(self) -> set[BlockKey]:
+    def protected(self) -> set[Hashable]:
         return set(self.leases.pins) | set(self._in_flight) | self.leases.reserved_keys()
 
     def _pending_free(self, key: BlockKey) -> bool:

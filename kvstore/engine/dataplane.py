@@ -60,10 +60,10 @@ class SlotPlane:
                     out.append(None)
                     continue
                 await eng.make_room(self.tier.name, size)
-                slot = self.slots.reserve(size)
+                new = self.slots.reserve(size)
                 eng.leases.add_reservation(Reservation(
-                    BlockKey(namespace, h), slot, self.tier.name, now + eng.lease_seconds))
-                out.append(slot)
+                    BlockKey(namespace, h), new, self.tier.name, now + eng.lease_seconds))
+                out.append(new)
         except BaseException:  # all or nothing: free what this call reserved
             for slot in out:
                 if slot is not None:

@@ -55,7 +55,7 @@ def reap_stale_segments(prefix: str, shm_dir: str = "/dev/shm") -> list[str]:
     """Unlink segments ``<prefix>_<pid>_...`` left by a server that died (kill -9).
 
     A live owner's segments are never touched (its pid still exists)."""
-    reaped = []
+    reaped: list[str] = []
     try:
         names = os.listdir(shm_dir)
     except OSError:

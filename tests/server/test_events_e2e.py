@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from kvstore import KVStoreClient, Medium
 from kvstore.connectors.router import PodSubscriber, PrefixIndex, PrefixScorer
+
+from kvstore import KVStoreClient, Medium
 from kvstore.hashing import block_hash_to_int
 from tests.blocks import make_chain
 
