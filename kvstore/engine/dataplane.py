@@ -18,7 +18,7 @@ from kvstore.engine.core import Engine, NewBlock
 from kvstore.engine.leases import Lease, Reservation
 from kvstore.errors import BadDescriptor, BlockNotFound, DataCorruption, InvalidBlock, TierFull
 from kvstore.tiers.base import Slot, SlotTier, Tier
-from kvstore.types import BlockKey, BlockMeta, Workload
+from kvstore.types import BlockKey, BlockMeta, Workload, check_hash
 
 __all__ = ["SlotPlane"]
 
@@ -82,6 +82,9 @@ class SlotPlane:
         eng = self.engine
         wl = Workload.parse(workload)
         eng.index.check_hashes(namespace, [b.block_hash for _, b in items])
+        for _, b in items:
+            if b.parent_hash:
+                check_hash(b.parent_hash, "parent_hash")
         now = eng.clock()
         stored = 0
         for desc, b in items:
