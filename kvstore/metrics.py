@@ -40,10 +40,7 @@ class EngineCollector(Collector):
         blocks = GaugeMetricFamily("kvstore_tier_blocks", "Blocks stored", labels=["tier"])
         hits = CounterMetricFamily("kvstore_tier_hits", "Lookup hits served", labels=["tier"])
         ev = CounterMetricFamily("kvstore_tier_evictions", "Evictions", labels=["tier"])
-        per_tier: dict[str, int] = dict.fromkeys(eng.order, 0)
-        for e in eng.index.entries():
-            for t in e.tiers:
-                per_tier[t] += 1
+        per_tier = eng.index.tier_blocks
         for name, tier in eng.tiers.items():
             used.add_metric([name], tier.used_bytes)
             cap.add_metric([name], tier.capacity_bytes)

@@ -25,7 +25,7 @@ _MEDIA = {pb.MEDIUM_GPU: Medium.GPU, pb.MEDIUM_CPU: Medium.CPU, pb.MEDIUM_DISK: 
 BlockSink = Callable[[int, pb.BlockHeader, "bytes | bytearray | memoryview"], int]
 
 #: Blocks per shared-memory batch (one Reserve/Commit pair), bounded by bytes too.
-BATCH_BYTES = 16 * 2**20
+BATCH_BYTES = 32 * 2**20
 BATCH_BLOCKS = 256
 #: Bytes per gRPC Put message: measured on loopback, 1 MiB messages stream ~4x
 #: faster than 16 MiB ones (grpc's flow control and copies favour small frames).

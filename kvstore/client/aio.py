@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -27,6 +28,12 @@ from kvstore.errors import InvalidArgument, KVStoreError, LeaseExpired, TierFull
 from kvstore.types import BlockData
 
 __all__ = ["AsyncKVStoreClient"]
+
+
+def _done(n: int) -> asyncio.Future[int]:
+    fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    fut.set_result(n)
+    return fut
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +88,15 @@ class AsyncKVStoreClient:
     async def put(self, namespace: str, blocks: Sequence[BlockData],
                   session_id: str | None = None, workload: str | None = None) -> int:
         if await self.uses_shared_memory():
-            n = 0
+            # Pipelined: the server checksums and commits batch k while we write k+1.
+            stored = 0
+            pending: asyncio.Future[int] | None = None
             for batch in batches(blocks):
-                n += await self._put_shm(namespace, batch, session_id or "", workload or "")
-            return n
+                commit = await self._put_shm(namespace, batch, session_id or "", workload or "")
+                if pending is not None:
+                    stored += await pending
+                pending = commit
+            return stored + (await pending if pending is not None else 0)
 
         async def requests() -> AsyncIterator[pb.PutRequest]:
             for r in put_requests(namespace, blocks, session_id or "", workload or ""):
@@ -97,7 +109,8 @@ class AsyncKVStoreClient:
         return int(resp.stored)
 
     async def _put_shm(self, namespace: str, blocks: Sequence[BlockData], session_id: str,
-                       workload: str) -> int:
+                       workload: str) -> asyncio.Future[int]:
+        """Reserve and write one batch; returns a future of its commit."""
         try:
             resv = await self._call(self._stub.Reserve, pb.ReserveRequest(
                 namespace=namespace, sizes=[len(b.payload) for b in blocks],
@@ -107,8 +120,9 @@ class AsyncKVStoreClient:
                 raise
             # The batch is larger than what the tier can hold at once: halve it.
             half = len(blocks) // 2
-            return (await self._put_shm(namespace, blocks[:half], session_id, workload)
-                    + await self._put_shm(namespace, blocks[half:], session_id, workload))
+            n = await (await self._put_shm(namespace, blocks[:half], session_id, workload))
+            n += await (await self._put_shm(namespace, blocks[half:], session_id, workload))
+            return _done(n)
         slots, headers = [], []
         try:
             for b, d in zip(blocks, resv.slots, strict=True):
@@ -125,11 +139,14 @@ class AsyncKVStoreClient:
                 await self._call(self._stub.Abort, pb.AbortRequest(slot_ids=ids))
             raise
         if not slots:
-            return 0
-        resp = await self._call(self._stub.Commit, pb.CommitRequest(
-            namespace=namespace, slots=slots, headers=headers, session_id=session_id,
-            workload=workload))
-        return int(resp.stored)
+            return _done(0)
+        request = pb.CommitRequest(namespace=namespace, slots=slots, headers=headers,
+                                   session_id=session_id, workload=workload)
+
+        async def commit() -> int:
+            return int((await self._call(self._stub.Commit, request)).stored)
+
+        return asyncio.ensure_future(commit())
 
     async def lookup(self, namespace: str, hashes: Sequence[bytes],
                      session_id: str | None = None, workload: str | None = None

@@ -90,26 +90,53 @@ class KVStoreClient:
     def put(self, namespace: str, blocks: Sequence[BlockData], session_id: str | None = None,
             workload: str | None = None) -> int:
         """Store blocks; returns how many were new."""
-        if self.uses_shared_memory:
-            return sum(self._put_shm(namespace, batch, session_id or "", workload or "")
-                       for batch in batches(blocks))
-        resp = self._call(self._stub.Put,
-                          put_requests(namespace, blocks, session_id or "", workload or ""))
-        return int(resp.stored)
+        sid, wl = session_id or "", workload or ""
+        if not self.uses_shared_memory:
+            return int(self._call(self._stub.Put, put_requests(namespace, blocks, sid, wl)).stored)
+        # Pipelined: batch k+1 is reserved before batch k is committed, so we copy
+        # k+1 into shared memory while the server checksums and indexes k.
+        todo = list(batches(blocks))
+        stored = 0
+        pending: Callable[[], int] = lambda: 0  # noqa: E731
+        resv = self._reserve(namespace, todo[0]) if todo else None
+        for i, batch in enumerate(todo):
+            if resv is None:  # did not fit while earlier slots were held: go one by one
+                stored += pending()
+                pending = lambda: 0  # noqa: E731
+                stored += self._put_small(namespace, batch, sid, wl)
+            else:
+                slots, headers = self._write(batch, resv)
+                resv = self._reserve(namespace, todo[i + 1]) if i + 1 < len(todo) else None
+                stored += pending()
+                pending = self._commit(namespace, slots, headers, sid, wl)
+                continue
+            resv = self._reserve(namespace, todo[i + 1]) if i + 1 < len(todo) else None
+        return stored + pending()
 
-    def _put_shm(self, namespace: str, blocks: Sequence[BlockData], session_id: str,
-                 workload: str) -> int:
+    def _reserve(self, namespace: str, blocks: Sequence[BlockData]) -> pb.ReserveResponse | None:
+        """Slots for a batch; ``None`` when the tier cannot hold the whole batch now."""
         try:
-            resv = self._call(self._stub.Reserve, pb.ReserveRequest(
+            resp: pb.ReserveResponse = self._call(self._stub.Reserve, pb.ReserveRequest(
                 namespace=namespace, sizes=[len(b.payload) for b in blocks],
                 block_hashes=[bytes(b.block_hash) for b in blocks]))
         except TierFull:
             if len(blocks) == 1:
                 raise
-            # The batch is larger than what the tier can hold at once: halve it.
+            return None
+        return resp
+
+    def _put_small(self, namespace: str, blocks: Sequence[BlockData], sid: str, wl: str) -> int:
+        """A batch that did not fit at once: halve it until it does (no pipelining)."""
+        resv = self._reserve(namespace, blocks)
+        if resv is None:
             half = len(blocks) // 2
-            return (self._put_shm(namespace, blocks[:half], session_id, workload)
-                    + self._put_shm(namespace, blocks[half:], session_id, workload))
+            return (self._put_small(namespace, blocks[:half], sid, wl)
+                    + self._put_small(namespace, blocks[half:], sid, wl))
+        slots, headers = self._write(blocks, resv)
+        return self._commit(namespace, slots, headers, sid, wl)()
+
+    def _write(self, blocks: Sequence[BlockData], resv: pb.ReserveResponse
+               ) -> tuple[list[pb.SlotDescriptor], list[pb.BlockHeader]]:
         slots, headers = [], []
         try:
             for b, d in zip(blocks, resv.slots, strict=True):
@@ -121,16 +148,28 @@ class KVStoreClient:
                 slots.append(d)
                 headers.append(header(b, len(b.payload)))
         except BaseException:
-            if slots or any(d.slot_id for d in resv.slots):
-                self._call(self._stub.Abort, pb.AbortRequest(
-                    slot_ids=[d.slot_id for d in resv.slots if d.slot_id]))
+            ids = [d.slot_id for d in resv.slots if d.slot_id]
+            if ids:
+                self._call(self._stub.Abort, pb.AbortRequest(slot_ids=ids))
             raise
+        return slots, headers
+
+    def _commit(self, namespace: str, slots: list[pb.SlotDescriptor],
+                headers: list[pb.BlockHeader], sid: str, wl: str) -> Callable[[], int]:
+        """Send the commit; returns a call that waits for it."""
         if not slots:
-            return 0
-        resp = self._call(self._stub.Commit, pb.CommitRequest(
-            namespace=namespace, slots=slots, headers=headers, session_id=session_id,
-            workload=workload))
-        return int(resp.stored)
+            return lambda: 0
+        future = self._stub.Commit.future(pb.CommitRequest(
+            namespace=namespace, slots=slots, headers=headers, session_id=sid, workload=wl),
+            timeout=self.timeout)
+
+        def wait() -> int:
+            try:
+                return int(future.result().stored)
+            except grpc.RpcError as exc:
+                raise translate(exc, self.address) from exc
+
+        return wait
 
     def lookup(self, namespace: str, hashes: Sequence[bytes], session_id: str | None = None,
                workload: str | None = None) -> LookupResult:
