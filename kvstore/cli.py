@@ -61,11 +61,9 @@ async def _run_server(cfg: Any) -> None:
         print(f"kvstore listening on {cfg.server.listen} (port {server.port}); "
               f"metrics on :{server.metrics_port or 'off'}; data dir {cfg.data_dir}; "
               f"{server.recovered} blocks recovered", flush=True)
-        waiter = asyncio.ensure_future(server.wait_for_termination())
-        stopper = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
-        for t in (waiter, stopper):
-            t.cancel()
+        # (Not grpc's wait_for_termination: cancelling it breaks the later shutdown.)
+        await stop.wait()
+        log.info("stopping")
     finally:
         await server.stop()
 

@@ -239,15 +239,21 @@ def _merge(cfg: Config, raw: Mapping[str, Any]) -> Config:
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     """``KVSTORE_DRAM__CAPACITY=4GiB`` -> {"dram": {"capacity": "4GiB"}};
-    ``KVSTORE_DATA_DIR=/x`` -> {"data_dir": "/x"}."""
+    ``KVSTORE_DATA_DIR=/x`` -> {"data_dir": "/x"}.
+
+    Only names of our settings are read (other tools share the ``KVSTORE_``
+    prefix, e.g. ``KVSTORE_VLLM_PYTHON``); a misspelt field of a known section
+    (``KVSTORE_DRAM__CAPACTY``) is still an error naming it."""
+    top = {f.name for f in fields(Config)} - set(_SECTIONS) - {"events"}
+    sections = set(_SECTIONS) | {"events"}
     out: dict[str, Any] = {}
     for name, value in env.items():
-        if not name.startswith("KVSTORE_") or name in ("KVSTORE_VLLM_PYTHON", "KVSTORE_CONFIG"):
+        if not name.startswith("KVSTORE_"):
             continue
         path = name[len("KVSTORE_"):].lower().split("__")
-        if len(path) == 1:
+        if len(path) == 1 and path[0] in top:
             out[path[0]] = value
-        elif len(path) == 2:
+        elif len(path) == 2 and path[0] in sections:
             out.setdefault(path[0], {})[path[1]] = value
     return out
 

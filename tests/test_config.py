@@ -57,3 +57,11 @@ def test_sizes():
     assert parse_size("64MiB", "x") == 64 * 2**20
     assert parse_size("1.5GB", "x") == 1_500_000_000
     assert parse_size(4096, "x") == 4096
+
+
+def test_env_reads_only_our_settings():
+    cfg = load_config(env={"KVSTORE_BIN": "/x", "KVSTORE_VLLM_PYTHON": "/y",
+                           "KVSTORE_VLLM__THING": "1", "KVSTORE_DISK__CAPACITY": "2GiB"})
+    assert cfg.disk.capacity == 2 * 2**30
+    with pytest.raises(ConfigError, match="dram.capacty: unknown field"):
+        load_config(env={"KVSTORE_DRAM__CAPACTY": "1GiB"})

@@ -15,7 +15,6 @@ from kvstore.types import BlockKey, BlockMeta
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
-DEFAULT_VLLM_PYTHON = "/work/vllm-venv/bin/python"
 
 #: ZMQ binds loopback on a free port for ``tcp://127.0.0.1:*``.
 LOOPBACK_ANY = "tcp://127.0.0.1:*"
@@ -33,22 +32,10 @@ def chain(tokens: list[int], block_size: int = 32, namespace: str = "m") -> list
     return metas
 
 
-def vllm_python() -> str | None:
-    path = os.environ.get("KVSTORE_VLLM_PYTHON") or (
-        DEFAULT_VLLM_PYTHON if os.path.exists(DEFAULT_VLLM_PYTHON) else ""
-    )
-    return path if path and os.path.exists(path) else None
-
-
 @pytest.fixture(scope="session")
-def vllm_py() -> str:
-    path = vllm_python()
-    if path is None:
-        pytest.skip(
-            "no vLLM interpreter: set KVSTORE_VLLM_PYTHON to a python with vllm installed "
-            f"(default {DEFAULT_VLLM_PYTHON} is absent)"
-        )
-    return path
+def vllm_py(vllm_python: str) -> str:
+    """The vLLM interpreter (the top-level ``vllm_python`` fixture skips without one)."""
+    return vllm_python
 
 
 def vllm_env() -> dict[str, str]:

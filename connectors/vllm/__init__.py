@@ -1,0 +1,29 @@
+"""The vLLM KV connector of kvstore.
+
+``kv_connector_module_path="kvstore.connectors.vllm"``, ``kv_connector="KVStoreConnector"``.
+The connector class imports vLLM; it is loaded only when asked for, so the
+pure parts (config, sessions, payload, sidecar link) import without vLLM.
+
+Modules: :mod:`.config` (settings, namespace), :mod:`.sidecar` (fail-open
+link), :mod:`.sessions` (session inference, hints), :mod:`.payload` (checked
+block bytes), :mod:`.layout` (block addressing in any KV layout),
+:mod:`.metadata` (scheduler -> worker plans), :mod:`.scheduler`,
+:mod:`.worker`, :mod:`.connector`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["KVStoreConnector"]
+
+if TYPE_CHECKING:
+    from kvstore.connectors.vllm.connector import KVStoreConnector
+
+
+def __getattr__(name: str) -> Any:
+    if name == "KVStoreConnector":
+        from kvstore.connectors.vllm.connector import KVStoreConnector
+
+        return KVStoreConnector
+    raise AttributeError(f"module 'kvstore.connectors.vllm' has no attribute {name!r}")

@@ -1,0 +1,145 @@
+"""Typed settings of the vLLM connector and the namespace fingerprint.
+
+Settings come from ``kv_connector_extra_config``; every key is optional::
+
+    {"address": "127.0.0.1:50051", "tenant": "acme", "hold_max_ms": 2000}
+
+Unknown keys and values of the wrong type are refused at engine start with a
+:class:`~kvstore.errors.ConfigError` that names the key and what it accepts.
+Nothing here imports vLLM or torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from kvstore.errors import ConfigError
+from kvstore.types import Workload
+
+__all__ = ["ConnectorConfig", "LayoutFingerprint", "namespace_for"]
+
+NAMESPACE_PREFIX = "vllm"
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorConfig:
+    #: gRPC address of the kvstore sidecar.
+    address: str = "127.0.0.1:50051"
+    #: Deadline of one sidecar call; a slower sidecar counts as down.
+    timeout_s: float = 2.0
+    #: After a failed call, how long the connector stops asking (fail fast).
+    retry_interval_s: float = 2.0
+    #: Tenant part of the namespace: tenants never share blocks.
+    tenant: str = "default"
+    #: Model part of the namespace; defaults to vLLM's model name or path.
+    model_id: str = ""
+    #: Load prefixes from the sidecar.
+    load: bool = True
+    #: Save full blocks to the sidecar.
+    save: bool = True
+    #: Send turn-end hints from ``request_finished``.
+    hints: bool = True
+    #: Loads shorter than this many blocks are not worth a round trip.
+    min_load_blocks: int = 1
+    #: Hold the engine's own blocks after a turn whose expected gap is at most
+    #: this long (the cheapest keep). 0 disables holding. While a hold is
+    #: pending vLLM keeps stepping its engine loop, so keep it short.
+    hold_max_ms: float = 0.0
+    #: Workload class when neither the request nor its session says.
+    default_workload: str = Workload.UNKNOWN.value
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, Any] | None) -> ConnectorConfig:
+        extra = dict(extra or {})
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(extra) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"kv_connector_extra_config: unknown key(s) {unknown}; valid: {sorted(known)}"
+            )
+        values: dict[str, Any] = {}
+        defaults = cls()
+        for name, value in extra.items():
+            expected = type(getattr(defaults, name))
+            values[name] = _coerce(name, value, expected)
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if not self.address or ":" not in self.address:
+            raise ConfigError(f"address must be 'host:port', got {self.address!r}")
+        for name in ("timeout_s", "retry_interval_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.hold_max_ms < 0:
+            raise ConfigError(f"hold_max_ms must be >= 0, got {self.hold_max_ms!r}")
+        if self.min_load_blocks < 1:
+            raise ConfigError(f"min_load_blocks must be >= 1, got {self.min_load_blocks!r}")
+        if not self.tenant:
+            raise ConfigError("tenant must be a non-empty string")
+        Workload.parse(self.default_workload)
+
+
+def _coerce(name: str, value: Any, expected: type) -> Any:
+    if expected is bool:
+        if isinstance(value, bool):
+            return value
+    elif expected is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    elif expected is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif isinstance(value, expected):
+        return value
+    raise ConfigError(
+        f"kv_connector_extra_config[{name!r}] must be {expected.__name__}, "
+        f"got {type(value).__name__} {value!r}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutFingerprint:
+    """What makes two engines' KV blocks interchangeable.
+
+    Two engines agree on a namespace only if every field agrees; the payload
+    header additionally carries the worker's measured tensor layout, so even
+    a fingerprint that misses something never loads foreign bytes.
+    """
+
+    model: str
+    dtype: str
+    num_layers: int
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+    tp_rank: int
+    tp_size: int
+    device: str
+    hash_algo: str
+    tenant: str
+    pp_rank: int = 0
+    pp_size: int = 1
+
+    def digest(self) -> str:
+        fields_json = json.dumps(
+            {f.name: getattr(self, f.name) for f in fields(self)}, sort_keys=True
+        )
+        return hashlib.sha256(fields_json.encode()).hexdigest()[:16]
+
+
+def namespace_for(fp: LayoutFingerprint) -> str:
+    """Readable and collision-safe: ``vllm/<tenant>/<model>/<digest>/tp<r>of<n>[/pp<r>of<n>]``.
+
+    The readable parts are for people reading stats; the digest is what keeps
+    layouts apart (it covers every field, the readable ones included).
+    """
+    model = fp.model.rstrip("/").rsplit("/", 1)[-1] or "model"
+    pp = f"/pp{fp.pp_rank}of{fp.pp_size}" if fp.pp_size > 1 else ""
+    parallel = f"tp{fp.tp_rank}of{fp.tp_size}{pp}"
+    return f"{NAMESPACE_PREFIX}/{fp.tenant}/{model}/{fp.digest()}/{parallel}"

@@ -1,0 +1,290 @@
+"""Scheduler side: which prefix to load, which blocks to save, what to hint.
+
+Runs in vLLM's scheduler process and only handles keys: block hashes (vLLM's
+own, from ``request.block_hashes``) and engine block ids. Bytes move on the
+workers (:mod:`.worker`). Every sidecar call fails open through
+:class:`~.sidecar.SidecarLink`: when the sidecar cannot answer, a request
+simply has no external hit and the engine computes its prefix itself.
+
+Loads are synchronous (``load_kv_async=False``): vLLM then marks the step
+``has_sync_kv_loads`` and calls ``start_load_kv`` *before* the forward that
+reads the loaded blocks (``kv_connector_model_runner_mixin``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kvstore.connectors.vllm.config import ConnectorConfig
+from kvstore.connectors.vllm.metadata import (
+    BlockSave,
+    KVStoreConnectorMetadata,
+    LoadPlan,
+    SavePlan,
+    WorkerReport,
+)
+from kvstore.connectors.vllm.sessions import SessionTracker, TurnInfo
+from kvstore.connectors.vllm.sidecar import SidecarLink
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+__all__ = ["SchedulerSide"]
+
+logger = logging.getLogger("kvstore.connectors.vllm")
+
+
+@dataclass(slots=True)
+class _Tracked:
+    """What the scheduler side knows about one live request."""
+
+    request: Request
+    turn: TurnInfo
+    sidecar_blocks: int = 0  # leading blocks the sidecar is known to hold
+    load_start: int = 0  # first block of the planned load (from the lookup)
+    load_blocks: int = 0  # blocks the lookup offered to load
+    block_ids: list[int] | None = None
+    next_save: int = 0  # first block not yet planned for saving
+    planned_load_blocks: int = 0
+    loaded_blocks: int = 0  # confirmed by the workers (may arrive after the finish)
+    load_failed_blocks: int = 0
+    saved_blocks: int = 0
+    save_failed_blocks: int = 0
+    load_ms: float = 0.0
+    load_bytes: int = 0
+    hit_media: tuple[str, ...] = ()  # fastest tier of each sidecar hit block
+
+
+class SchedulerSide:
+    def __init__(
+        self, config: ConnectorConfig, link: SidecarLink, namespace: str, block_size: int
+    ) -> None:
+        self.config = config
+        self.link = link
+        self.namespace = namespace
+        self.block_size = block_size
+        self.sessions = SessionTracker(config.default_workload)
+        self._reqs: dict[str, _Tracked] = {}
+        self._loads: list[LoadPlan] = []
+        self._holds: dict[str, float] = {}
+        self._hints = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-hints")
+
+    # -- lookup ---------------------------------------------------------------
+    def _track(self, request: Request) -> _Tracked:
+        tracked = self._reqs.get(request.request_id)
+        if tracked is None:
+            turn = self.sessions.classify(request.kv_transfer_params, request.block_hashes)
+            tracked = _Tracked(request=request, turn=turn)
+            self._reqs[request.request_id] = tracked
+        return tracked
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int, bool]:
+        tracked = self._track(request)
+        hashes = list(request.block_hashes)
+        tracked.load_blocks = 0
+        if not hashes:
+            return 0, False
+        turn = tracked.turn
+        result = self.link.call(
+            "lookup",
+            lambda c: c.lookup(self.namespace, hashes, turn.session_id, turn.workload),
+            None,
+        )
+        num_hit = min(result.num_hit, len(hashes)) if result is not None else 0
+        tracked.sidecar_blocks = num_hit
+        tracked.hit_media = tuple(str(m) for m in result.media) if result is not None else ()
+        # vLLM must compute at least the last prompt token itself.
+        max_blocks = min(num_hit, (request.num_tokens - 1) // self.block_size)
+        start = num_computed_tokens // self.block_size
+        n = max_blocks - start
+        if not self.config.load or n < self.config.min_load_blocks:
+            return 0, False
+        tracked.load_start, tracked.load_blocks = start, n
+        logger.debug(
+            "kvstore: request %s hits %d blocks in the sidecar, %d computed locally, loads %d",
+            request.request_id,
+            num_hit,
+            start,
+            n,
+        )
+        return n * self.block_size, False
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        tracked = self._track(request)
+        block_ids = list(blocks.get_block_ids()[0])
+        tracked.block_ids = block_ids
+        if num_external_tokens <= 0:
+            return
+        n = min(num_external_tokens // self.block_size, tracked.load_blocks)
+        start = tracked.load_start
+        if n <= 0 or start + n > len(block_ids):
+            logger.warning(
+                "kvstore: request %s: cannot map a %d-token load onto %d blocks; not loading",
+                request.request_id,
+                num_external_tokens,
+                len(block_ids),
+            )
+            return
+        hashes = tuple(bytes(h) for h in request.block_hashes[start : start + n])
+        self._loads.append(
+            LoadPlan(request.request_id, hashes, tuple(block_ids[start : start + n]))
+        )
+        tracked.planned_load_blocks += n
+        # Loaded blocks are in the sidecar already: never save them back.
+        tracked.next_save = max(tracked.next_save, start + n)
+
+    # -- per step ---------------------------------------------------------------
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVStoreConnectorMetadata:
+        meta = KVStoreConnectorMetadata(loads=self._loads, holds=self._holds)
+        self._loads, self._holds = [], {}
+        scheduled = scheduler_output.num_scheduled_tokens
+        for new_req in scheduler_output.scheduled_new_reqs:
+            tracked = self._reqs.get(new_req.req_id)
+            if tracked is None:
+                continue
+            tracked.block_ids = list(new_req.block_ids[0])
+            after = new_req.num_computed_tokens + scheduled.get(new_req.req_id, 0)
+            self._plan_save(meta, tracked, after)
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            tracked = self._reqs.get(req_id)
+            if tracked is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids:
+                tracked.block_ids = list(new_ids[0]) if new_ids is not None else []
+            elif new_ids is not None:
+                tracked.block_ids = (tracked.block_ids or []) + list(new_ids[0])
+            after = cached.num_computed_tokens[i] + scheduled.get(req_id, 0)
+            self._plan_save(meta, tracked, after)
+        return meta
+
+    def _plan_save(self, meta: KVStoreConnectorMetadata, tracked: _Tracked, after: int) -> None:
+        """Save the blocks this step fills (their KV exists once its forward ran)."""
+        if not self.config.save or not tracked.block_ids:
+            return
+        request = tracked.request
+        hashes = request.block_hashes
+        full = min(after // self.block_size, len(hashes), len(tracked.block_ids))
+        start = max(tracked.next_save, tracked.sidecar_blocks)
+        if full <= start:
+            tracked.next_save = max(tracked.next_save, full)
+            return
+        bs = self.block_size
+        tokens = request.all_token_ids
+        blocks = tuple(
+            BlockSave(
+                block_hash=bytes(hashes[i]),
+                parent_hash=bytes(hashes[i - 1]) if i else None,
+                token_ids=tuple(tokens[i * bs : (i + 1) * bs]),
+                block_id=tracked.block_ids[i],
+            )
+            for i in range(start, full)
+        )
+        tracked.next_save = full
+        turn = tracked.turn
+        meta.saves.append(SavePlan(request.request_id, turn.session_id, turn.workload, blocks))
+
+    def update_connector_output(self, output: KVConnectorOutput) -> None:
+        report = getattr(output, "kv_connector_worker_meta", None)
+        if not isinstance(report, WorkerReport):
+            return
+        for req_id, n in report.loaded.items():
+            if req_id in self._reqs:
+                self._reqs[req_id].loaded_blocks += n
+        for req_id, n in report.load_failed.items():
+            if req_id in self._reqs:
+                self._reqs[req_id].load_failed_blocks += n
+        for req_id, n in report.saved.items():
+            if req_id in self._reqs:
+                tracked = self._reqs[req_id]
+                tracked.saved_blocks += n
+        for req_id, ms in report.load_ms.items():
+            if req_id in self._reqs:
+                self._reqs[req_id].load_ms += ms
+                self._reqs[req_id].load_bytes += report.load_bytes.get(req_id, 0)
+        for req_id, n in report.save_failed.items():
+            if req_id in self._reqs:
+                self._reqs[req_id].save_failed_blocks += n
+
+    # -- end of a turn ------------------------------------------------------------
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        tracked = self._reqs.pop(request.request_id, None)
+        if tracked is None:
+            turn = self.sessions.classify(request.kv_transfer_params, request.block_hashes)
+            tracked = _Tracked(request=request, turn=turn)
+        turn = tracked.turn
+        self.sessions.turn_finished(turn, request.block_hashes)
+        if self.config.hints:
+            self._hints.submit(self._send_hint, turn)
+        hold_ms = self._hold_ms(turn) if block_ids else 0.0
+        if hold_ms > 0:
+            self._holds[request.request_id] = hold_ms / 1000.0
+        bs = self.block_size
+        params = {
+            "kvstore": {
+                "session_id": turn.session_id,
+                "session_inferred": turn.inferred,
+                "workload": turn.workload,
+                "event": turn.event,
+                "sidecar_hit_tokens": tracked.sidecar_blocks * bs,
+                "hit_media": {m: tracked.hit_media.count(m) for m in set(tracked.hit_media)},
+                # A failed sync load reschedules the request, so by its finish
+                # every failure is known; confirmations of the last step are not.
+                "loaded_tokens": (tracked.planned_load_blocks - tracked.load_failed_blocks) * bs,
+                "load_failed_tokens": tracked.load_failed_blocks * bs,
+                "load_ms": round(tracked.load_ms, 3),
+                "load_bytes": tracked.load_bytes,
+                "saved_blocks": tracked.saved_blocks,
+                "save_failed_blocks": tracked.save_failed_blocks,
+                "held_ms": hold_ms,
+                "sidecar_up": self.link.is_up,
+            }
+        }
+        return hold_ms > 0, params
+
+    def _hold_ms(self, turn: TurnInfo) -> float:
+        gap = turn.expected_gap_ms
+        if self.config.hold_max_ms <= 0 or gap is None or turn.event != "tool_call":
+            return 0.0
+        return gap if 0 < gap <= self.config.hold_max_ms else 0.0
+
+    def _send_hint(self, turn: TurnInfo) -> None:
+        started = time.monotonic()
+        moves = self.link.call(
+            "hint",
+            lambda c: c.hint(
+                turn.session_id,
+                turn.event,
+                workload=turn.workload,
+                tool=turn.tool,
+                expected_gap_ms=turn.expected_gap_ms,
+                namespace=self.namespace,
+            ),
+            0,
+        )
+        logger.debug(
+            "kvstore: hint %s %s (%s) -> %d moves in %.1f ms",
+            turn.session_id,
+            turn.event,
+            turn.workload,
+            moves,
+            (time.monotonic() - started) * 1e3,
+        )
+
+    def shutdown(self) -> None:
+        self._hints.shutdown(wait=True, cancel_futures=False)
+        self.link.close()

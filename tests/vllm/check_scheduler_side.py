@@ -1,0 +1,219 @@
+"""The connector's scheduler side against fake requests and a fake sidecar.
+
+Needs vLLM importable (the plan types subclass vLLM's), not an engine: runs in
+seconds under the vLLM interpreter. ``test_connector_e2e.py`` runs it and
+expects ``ok <name>`` for every check; standalone::
+
+    .venv-vllm/bin/python tests/vllm/check_scheduler_side.py
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvstore.connectors.vllm.config import ConnectorConfig
+from kvstore.connectors.vllm.metadata import WorkerReport
+from kvstore.connectors.vllm.scheduler import SchedulerSide
+from kvstore.connectors.vllm.sidecar import SidecarLink
+
+from kvstore.client import LookupResult
+from kvstore.errors import Unavailable
+from kvstore.types import Medium
+
+BS = 4
+
+
+@dataclass
+class FakeRequest:
+    request_id: str
+    all_token_ids: list[int]
+    kv_transfer_params: dict[str, Any] | None = None
+
+    @property
+    def block_hashes(self) -> list[bytes]:
+        toks = self.all_token_ids
+        return [bytes([sum(toks[: (i + 1) * BS]) % 256]) * 32 for i in range(len(toks) // BS)]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+
+@dataclass
+class FakeBlocks:
+    ids: list[int]
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        return (self.ids,)
+
+
+@dataclass
+class NewReq:
+    req_id: str
+    block_ids: tuple[list[int], ...]
+    num_computed_tokens: int
+
+
+@dataclass
+class CachedReqs:
+    req_ids: list[str] = field(default_factory=list)
+    resumed_req_ids: set[str] = field(default_factory=set)
+    new_block_ids: list[tuple[list[int], ...] | None] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SchedOut:
+    scheduled_new_reqs: list[NewReq] = field(default_factory=list)
+    scheduled_cached_reqs: CachedReqs = field(default_factory=CachedReqs)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+
+
+class FakeClient:
+    def __init__(self, stored: set[bytes], down: bool = False) -> None:
+        self.stored, self.down = stored, down
+        self.hints: list[tuple[Any, ...]] = []
+
+    def lookup(self, ns: str, hashes: list[bytes], session: str, workload: str) -> LookupResult:
+        if self.down:
+            raise Unavailable("down")
+        n = 0
+        while n < len(hashes) and hashes[n] in self.stored:
+            n += 1
+        return LookupResult(n, (Medium.CPU,) * n)
+
+    def hint(self, *args: Any, **kwargs: Any) -> int:
+        self.hints.append((args, kwargs))
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+def side(client: FakeClient, **cfg: Any) -> SchedulerSide:
+    link = SidecarLink("127.0.0.1:1", 1.0, 60.0, client_factory=lambda a, t: client)
+    return SchedulerSide(ConnectorConfig(**cfg), link, "ns", BS)
+
+
+def check_loads_stored_prefix_leaving_the_last_token() -> None:
+    req = FakeRequest("r", list(range(1, 13)))  # 12 tokens, 3 full blocks
+    s = side(FakeClient(set(req.block_hashes)))
+    # All 3 blocks stored, but the last token must be computed: load 2 blocks.
+    assert s.get_num_new_matched_tokens(req, 0) == (2 * BS, False)
+    s.update_state_after_alloc(req, FakeBlocks([7, 8, 9]), 2 * BS)
+    meta = s.build_connector_meta(
+        SchedOut([NewReq("r", ([7, 8, 9],), 8)], num_scheduled_tokens={"r": 4})
+    )
+    (plan,) = meta.loads
+    assert plan.block_ids == (7, 8) and plan.hashes == tuple(req.block_hashes[:2])
+    assert not meta.saves  # block 2 is stored already: nothing to save
+
+
+def check_local_hit_beyond_sidecar_and_min_load() -> None:
+    req = FakeRequest("r", list(range(1, 22)))  # 5 full blocks
+    s = side(FakeClient(set(req.block_hashes[:2])), min_load_blocks=2)
+    assert s.get_num_new_matched_tokens(req, 3 * BS) == (0, False)  # local has more
+    assert s.get_num_new_matched_tokens(req, 1 * BS) == (0, False)  # 1 block < min 2
+    assert s.get_num_new_matched_tokens(req, 0) == (2 * BS, False)
+
+
+def check_saves_blocks_as_they_fill_across_chunks_and_decode() -> None:
+    req = FakeRequest("r", list(range(1, 11)), {"session_id": "s1", "workload": "chat"})
+    s = side(FakeClient(set()))
+    assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+    s.update_state_after_alloc(req, FakeBlocks([4, 5, 6]), 0)
+    # Chunked prefill: 6 of 10 prompt tokens this step fill block 0 only.
+    m1 = s.build_connector_meta(
+        SchedOut([NewReq("r", ([4, 5, 6],), 0)], num_scheduled_tokens={"r": 6})
+    )
+    assert [b.block_id for p in m1.saves for b in p.blocks] == [4]
+    assert m1.saves[0].session_id == "s1" and m1.saves[0].workload == "chat"
+    # The rest of the prompt fills block 1; block 2 holds 2 tokens.
+    m2 = s.build_connector_meta(
+        SchedOut(
+            scheduled_cached_reqs=CachedReqs(["r"], set(), [None], [6]),
+            num_scheduled_tokens={"r": 4},
+        )
+    )
+    assert [b.block_id for p in m2.saves for b in p.blocks] == [5]
+    save = m2.saves[0].blocks[0]
+    assert save.parent_hash == req.block_hashes[0] and save.token_ids == (5, 6, 7, 8)
+    # Decoding appends two tokens: block 2 fills and is saved.
+    req.all_token_ids += [90, 91]
+    m3 = s.build_connector_meta(
+        SchedOut(
+            scheduled_cached_reqs=CachedReqs(["r"], set(), [None], [11]),
+            num_scheduled_tokens={"r": 1},
+        )
+    )
+    assert [b.block_id for p in m3.saves for b in p.blocks] == [6]
+    # Preempted and resumed: new block ids replace the old ones.
+    req.all_token_ids += [92, 93, 94, 95]
+    m4 = s.build_connector_meta(
+        SchedOut(
+            scheduled_cached_reqs=CachedReqs(["r"], {"r"}, [([1, 2, 3, 0],)], [0]),
+            num_scheduled_tokens={"r": 16},
+        )
+    )
+    assert [b.block_id for p in m4.saves for b in p.blocks] == [0]
+
+
+def check_sidecar_down_means_no_hit() -> None:
+    req = FakeRequest("r", list(range(1, 13)))
+    s = side(FakeClient(set(req.block_hashes), down=True))
+    assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert not s.link.is_up
+
+
+def check_turn_end_hint_and_hold() -> None:
+    client = FakeClient(set())
+    s = side(client, hold_max_ms=1000)
+    tool = FakeRequest(
+        "a",
+        list(range(1, 9)),
+        {"session_id": "s", "after": "tool_call", "expected_gap_ms": 400, "tool": "grep"},
+    )
+    s.get_num_new_matched_tokens(tool, 0)
+    held, params = s.request_finished(tool, [1, 2])
+    assert held and params is not None and params["kvstore"]["held_ms"] == 400
+    assert s.build_connector_meta(SchedOut()).holds == {"a": 0.4}
+    long_gap = FakeRequest(
+        "b", list(range(1, 9)), {"session_id": "s", "after": "tool_call", "expected_gap_ms": 5000}
+    )
+    assert s.request_finished(long_gap, [1, 2])[0] is False
+    s.shutdown()  # waits for the hint thread
+    events = [(args[1], kwargs.get("tool")) for args, kwargs in client.hints]
+    assert events == [("tool_call", "grep"), ("tool_call", None)], events
+
+
+def check_worker_reports_reach_the_params() -> None:
+    req = FakeRequest("r", list(range(1, 13)))
+    s = side(FakeClient(set(req.block_hashes)))
+    s.get_num_new_matched_tokens(req, 0)
+    s.update_state_after_alloc(req, FakeBlocks([7, 8, 9]), 2 * BS)
+    s.build_connector_meta(SchedOut([NewReq("r", ([7, 8, 9],), 8)], num_scheduled_tokens={"r": 4}))
+
+    class Out:
+        kv_connector_worker_meta = WorkerReport(
+            load_failed={"r": 1}, load_ms={"r": 3.0}, load_bytes={"r": 100}
+        )
+
+    s.update_connector_output(Out())
+    _, params = s.request_finished(req, [7, 8, 9])
+    kv = params["kvstore"] if params else {}
+    assert kv["loaded_tokens"] == BS and kv["load_failed_tokens"] == BS and kv["load_ms"] == 3.0
+
+
+def main() -> None:
+    started = time.monotonic()
+    for name, fn in sorted(globals().items()):
+        if name.startswith("check_") and callable(fn):
+            fn()
+            print(f"ok {name}", flush=True)
+    print(f"all ok in {time.monotonic() - started:.2f} s")
+
+
+if __name__ == "__main__":
+    main()

