@@ -15,6 +15,10 @@ __all__ = ["BlockInfo", "Hint", "Move", "Policy", "TierSpec", "available", "crea
 
 _REGISTRY: dict[str, str] = {
     "lru": "kvstore.policies.lru:LRUPolicy",
+    "lru+filter": "kvstore.policies.filter:FilteredLRU",
+    "s3fifo": "kvstore.policies.s3fifo:S3FIFOPolicy",
+    "s3fifo+filter": "kvstore.policies.filter:FilteredS3FIFO",
+    "workload": "kvstore.policies.workload:WorkloadPolicy",
 }
 
 

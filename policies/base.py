@@ -20,6 +20,18 @@ The engine calls, per tier (tiers are ordered fastest first):
   (prefetch into a faster tier).
 
 Keys are any hashable (``BlockKey`` in the server, ints in trace replay).
+
+Call order the policies rely on (the replay simulator follows it):
+
+* ``on_lookup`` with every key of a request (hits and misses) before any of its
+  blocks is admitted; reuse counts and learned return times come from it.
+* A request's blocks are touched / stored from the last to the first (vLLM's
+  free order), so a parent is never older than its child.
+* ``evict`` returns victims with every cached descendant before its ancestor
+  (see ``kvstore.policies._prefix``); the engine calls ``on_remove`` for each.
+* The cost model (``kvstore.policies.cost.CostModel``) decides whether a hit in
+  a tier beats recompute; the engine does not load a hit that loses, and the
+  workload policy never demotes into such a tier.
 """
 
 from __future__ import annotations

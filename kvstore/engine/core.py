@@ -300,6 +300,7 @@ class Engine:
         wl = Workload.parse(workload)
         self._validate(namespace, blocks)
         stored = existing = 0
+        placed: list[Entry] = []
         for b in blocks:
             if self.index.get_hash(namespace, b.block_hash) is not None:
                 existing += 1
@@ -312,10 +313,20 @@ class Engine:
                 continue
             entry = await self._store(meta, b.payload, target)
             self._after_store(entry)
+            placed.append(entry)
             stored += 1
             self.stats.bytes_in += meta.size
+        self.touch_tail_first(placed)
         self.stats.puts += 1
         return stored, existing
+
+    def touch_tail_first(self, entries: Sequence[Entry]) -> None:
+        """Touch a chain's blocks last to first, as vLLM frees them: under pressure
+        a chain then loses its tail before its head."""
+        now = self.clock()
+        for entry in reversed(entries):
+            if entry.tiers:
+                self.policy.on_access(entry.key, entry.tiers[0], now)
 
     def lookup(self, namespace: str, hashes: Sequence[bytes], session_id: str = "",
                workload: str = "") -> list[Medium]:
@@ -329,13 +340,15 @@ class Engine:
         blocks = self.index.blocks_of(namespace)
         touch = self.policy.on_access
         hit_tiers: list[str | None] = []
+        hit: list[Entry] = []
         for h in hashes:
             entry = blocks.get(h)
             if entry is None:
                 break
-            tier = entry.tiers[0]
-            touch(entry.meta.key, tier, now)
-            hit_tiers.append(tier)
+            hit.append(entry)
+            hit_tiers.append(entry.tiers[0])
+        for entry in reversed(hit):  # tail first: the head ends most recent (vLLM's order)
+            touch(entry.meta.key, entry.tiers[0], now)
         st = self.stats
         st.tier_hits.update(hit_tiers)  # type: ignore[arg-type]
         st.lookups += 1

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import xxhash
 
 from kvstore.engine.core import Engine, NewBlock
+from kvstore.engine.index import Entry
 from kvstore.engine.leases import Lease, Reservation
 from kvstore.errors import BadDescriptor, BlockNotFound, DataCorruption, InvalidBlock, TierFull
 from kvstore.tiers.base import Slot, SlotTier, Tier
@@ -87,6 +88,7 @@ class SlotPlane:
                 check_hash(b.parent_hash, "parent_hash")
         now = eng.clock()
         stored = 0
+        placed: list[Entry] = []
         for desc, b in items:
             r = eng.leases.take_reservation(desc.slot_id, now)
             if desc != r.slot:
@@ -110,9 +112,12 @@ class SlotPlane:
             meta = eng._meta(namespace, NewBlock(b.block_hash, b.parent_hash, b.token_ids, view),
                              xxhash.xxh3_64_intdigest(view), session_id, wl)
             self.slots.commit(r.slot, meta)
-            eng._after_store(eng._stored(meta, self.tier.name))
+            entry = eng._stored(meta, self.tier.name)
+            eng._after_store(entry)
+            placed.append(entry)
             stored += 1
             eng.stats.bytes_in += meta.size
+        eng.touch_tail_first(placed)
         eng.stats.puts += 1
         return stored
 

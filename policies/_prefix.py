@@ -1,0 +1,107 @@
+"""Per-tier parent/child bookkeeping so victims go children first.
+
+A block whose child is still cached in the same tier is never chosen before
+that child: evicting a parent first would strand the child (a prefix stops at
+its first miss). Policies call :meth:`ChildIndex.order` on their candidate
+order and get victims with every cached descendant placed before its parent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Hashable, Iterable
+
+
+class ChildIndex:
+    """Parent links and cached-children counts for the blocks of one tier."""
+
+    __slots__ = ("_children", "_parent", "_sizes")
+
+    def __init__(self) -> None:
+        self._parent: dict[Hashable, Hashable | None] = {}
+        self._sizes: dict[Hashable, int] = {}
+        # Keyed by parent whether or not the parent is cached, so a child stored
+        # before its parent is linked as soon as the parent arrives.
+        self._children: dict[Hashable, set[Hashable]] = {}
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._sizes
+
+    def add(self, key: Hashable, parent: Hashable | None, size: int) -> None:
+        if key in self._sizes:
+            return
+        self._parent[key] = parent
+        self._sizes[key] = size
+        if parent is not None:
+            self._children.setdefault(parent, set()).add(key)
+
+    def remove(self, key: Hashable) -> None:
+        if self._sizes.pop(key, None) is None:
+            return
+        parent = self._parent.pop(key, None)
+        if parent is not None:
+            kids = self._children.get(parent)
+            if kids is not None:
+                kids.discard(key)
+                if not kids:
+                    del self._children[parent]
+
+    def has_children(self, key: Hashable) -> bool:
+        return key in self._children
+
+    def take(
+        self,
+        candidates: Iterable[tuple[Hashable, int]],
+        nbytes: int,
+        protected: Container[Hashable],
+    ) -> list[Hashable] | None:
+        """Pick victims from ``candidates`` (key, size), worst first, until
+        ``nbytes`` are freed; descendants always precede their ancestors. A
+        candidate with cached descendants gives up its subtree leaves first, only
+        as much of it as is needed (its head stays when the tail is enough).
+
+        A candidate with a protected descendant is skipped. Returns ``None``
+        when ``nbytes`` cannot be freed (atomic: nothing is chosen then).
+        """
+        chosen: dict[Hashable, None] = {}
+        freed = 0
+        for key, size in candidates:
+            if freed >= nbytes:
+                break
+            if key in chosen or key in protected:
+                continue
+            if key not in self._children:
+                chosen[key] = None
+                freed += size
+                continue
+            subtree = self._subtree(key, protected, chosen)
+            if subtree is None:
+                continue
+            for k, s in subtree:  # leaves first; stop once enough is freed
+                chosen[k] = None
+                freed += s
+                if freed >= nbytes:
+                    break
+        return list(chosen) if freed >= nbytes else None
+
+    def _subtree(
+        self, root: Hashable, protected: Container[Hashable], chosen: dict[Hashable, None],
+    ) -> list[tuple[Hashable, int]] | None:
+        """Post-order (children first) list of root's unchosen subtree, or None
+        if any of it is protected."""
+        out: list[tuple[Hashable, int]] = []
+        stack: list[tuple[Hashable, bool]] = [(root, False)]
+        visited: set[Hashable] = set()
+        while stack:
+            key, expanded = stack.pop()
+            if expanded:
+                out.append((key, self._sizes.get(key, 0)))
+                continue
+            if key in chosen or key in visited or key not in self._sizes:
+                continue
+            visited.add(key)
+            if key in protected:
+                return None
+            stack.append((key, True))
+            for kid in self._children.get(key, ()):
+                stack.append((kid, False))
+        return out

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import pytest
+from kvstore.policies.base import BlockInfo, TierSpec
+from kvstore.policies.cost import CostModel
+from kvstore.policies.filter import AdmissionFilter, FilteredLRU
+from kvstore.policies.lru import LRUPolicy
+
+
+def test_slow_tier_hit_that_loses_to_recompute_is_not_worth_it() -> None:
+    # SGLang's measurement: an 8k-token file-tier hit took 2.45 s, recompute 1.73 s.
+    cost = CostModel(prefill_tokens_per_s=8192 / 1.73, block_tokens=8192,
+                     block_bytes=int(2.45 * 1e9))
+    slow = TierSpec("file", 1 << 40, read_bytes_per_s=1e9)
+    fast = TierSpec("dram", 1 << 40, read_bytes_per_s=25e9)
+    assert not cost.worth_loading(slow)
+    assert cost.saved_s(slow) == 0.0
+    assert cost.worth_loading(fast)
+    assert cost.saved_s(fast) == pytest.approx(1.73 - 2.45 / 25, rel=1e-6)
+
+
+def test_cost_model_validates() -> None:
+    with pytest.raises(ValueError, match="prefill_tokens_per_s"):
+        CostModel(prefill_tokens_per_s=0)
+
+
+def test_filter_admits_after_threshold_lookups() -> None:
+    tiers = [TierSpec("hbm", 1000)]
+    pol = FilteredLRU(tiers, threshold=2)
+    info = BlockInfo("k", 10, session_id="s")
+    assert pol.admit(info, 0.0) is None
+    pol.on_lookup(["k"], [None], info, 0.0)
+    assert pol.admit(info, 0.0) is None
+    pol.on_lookup(["k"], [None], info, 1.0)
+    assert pol.admit(info, 1.0) == "hbm"
+
+
+def test_filter_wraps_any_policy_and_bounds_memory() -> None:
+    tiers = [TierSpec("hbm", 1000)]
+    inner = LRUPolicy(tiers)
+    pol = AdmissionFilter(tiers, inner, threshold=1, max_tracked=3)
+    info = BlockInfo("a", 10)
+    pol.on_lookup(["a", "b", "c", "d"], [None] * 4, info, 0.0)
+    assert pol.count("a") == 0 and pol.count("d") == 1
+    pol.on_insert(BlockInfo("d", 10), "hbm", 0.0)
+    assert pol.evict("hbm", 10, set(), 1.0) == ["d"]
+    with pytest.raises(ValueError, match="threshold"):
+        AdmissionFilter(tiers, inner, threshold=0)

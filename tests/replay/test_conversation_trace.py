@@ -1,0 +1,47 @@
+"""The real Mooncake conversation trace (../shared/traces); skipped when absent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kvstore.policies.cost import CostModel
+
+from kvstore import policies
+from kvstore.replay.belady import belady_hit_rate
+from kvstore.replay.sim import Simulator, TierBudget, tier_specs
+from kvstore.replay.trace import Request, load_trace
+
+TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / \
+    "conversation_trace.jsonl.gz"
+
+pytestmark = [
+    pytest.mark.traces,
+    pytest.mark.skipif(not TRACE.exists(), reason=f"real trace not present at {TRACE}"),
+]
+
+
+@pytest.fixture(scope="module")
+def trace() -> list[Request]:
+    return load_trace(TRACE)
+
+
+def hit_rate(reqs: list[Request], name: str, blocks: int) -> float:
+    budget = [TierBudget("hbm", blocks, 1e13)]
+    pol = policies.create(name, tier_specs(budget, CostModel()))
+    return Simulator(pol, budget).run(reqs).hit_rate
+
+
+def test_trace_shape(trace: list[Request]) -> None:
+    assert len(trace) == 12_031
+    assert sum(len(r.hash_ids) for r in trace) == 288_500
+
+
+def test_lru_and_belady_reproduce_known_figures(trace: list[Request]) -> None:
+    assert round(100 * hit_rate(trace, "lru", 1000), 1) == 4.5
+    assert round(100 * belady_hit_rate(trace, 1000), 1) == 17.9
+
+
+def test_workload_beats_lru(trace: list[Request]) -> None:
+    lru = hit_rate(trace, "lru", 1000)
+    assert hit_rate(trace, "workload", 1000) > lru
