@@ -61,6 +61,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration-s", type=float, default=3600.0, help="span of session starts")
     p.add_argument("--scale", type=float, default=1.0, help="length scale of generated prompts")
     p.add_argument("--seed", type=int, default=0)
+    from kvstore.replay.fleet import add_fleet_arguments
+
+    add_fleet_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -108,6 +111,10 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(f"wrote {n} requests ({args.generate}) to {args.trace}")
         return 0
+    if args.workers:
+        from kvstore.replay.fleet import run_fleet
+
+        return run_fleet(args)
     names = args.policy or ["lru"]
     try:
         for name in names:

@@ -1,0 +1,211 @@
+"""Fleet replay: workers publish real event bytes, the router routes on the index they build."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from kvstore.policies.base import BlockInfo
+from kvstore.policies.cost import CostModel
+
+from kvstore import policies
+from kvstore.events import BlockRemoved, BlockStored, MemoryPublisher, RecordingSink, decode_batch
+from kvstore.replay.eventing import EventingPolicy, trace_block_key
+from kvstore.replay.fleet import build_fleet, main, replay_fleet, run_fleet_on
+from kvstore.replay.routing import ROUTERS, make_router
+from kvstore.replay.sim import DEFAULT_BANDWIDTH, TierBudget, tier_specs
+from kvstore.replay.trace import After, Request, dump_trace, load_trace
+from kvstore.types import BlockMeta, Medium
+
+TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / \
+    "conversation_trace.jsonl.gz"
+
+BUDGETS = [TierBudget("hbm", 48, DEFAULT_BANDWIDTH["hbm"]),
+           TierBudget("dram", 96, DEFAULT_BANDWIDTH["dram"]),
+           TierBudget("disk", 64, DEFAULT_BANDWIDTH["disk"])]
+#: Tight tiers: blocks are demoted down to disk and dropped from it.
+SMALL = [TierBudget("hbm", 16, DEFAULT_BANDWIDTH["hbm"]),
+         TierBudget("dram", 24, DEFAULT_BANDWIDTH["dram"]),
+         TierBudget("disk", 32, DEFAULT_BANDWIDTH["disk"])]
+MEDIUM = {"hbm": "gpu", "dram": "cpu", "disk": "disk"}
+
+
+def conversations(sessions: int = 24, turns: int = 6, seed: int = 1) -> list[Request]:
+    """Multi-turn sessions: a shared 2-block system prompt, then each turn extends its
+    session's history by 2-4 blocks; sessions interleave, about one request a second."""
+    rng = random.Random(seed)
+    next_id = 2
+    reqs = []
+    for s in range(sessions):
+        history = [0, 1]
+        t = rng.randrange(0, 60_000)
+        for turn in range(turns):
+            new = list(range(next_id, next_id + rng.randint(2, 4)))
+            next_id += len(new)
+            history += new
+            kind = "end" if turn == turns - 1 else rng.choice(["user", "tool_call"])
+            reqs.append(Request(t, len(history) * 512 - 100, 50, tuple(history),
+                                session_id=f"s{s}", workload="chat",
+                                after=After(kind, "search" if kind == "tool_call" else None)))
+            history = history[:]
+            t += rng.randrange(5_000, 40_000)
+    reqs.sort(key=lambda r: r.timestamp_ms)
+    return reqs
+
+
+def test_prefix_routing_beats_random_and_spreads_load() -> None:
+    trace = conversations()
+    res = {r: replay_fleet(trace, 4, r, "lru", BUDGETS, seed=3) for r in ROUTERS}
+    assert res["prefix"].hit_rate > 1.5 * res["random"].hit_rate
+    assert res["prefix"].prefill_s_saved > 1.5 * res["random"].prefill_s_saved
+    for r in res.values():
+        assert len(r.workers) == 4
+        assert sum(w.requests for w in r.workers) == r.requests == len(trace)
+        assert sum(w.hit_blocks for w in r.workers) == r.hit_blocks
+        assert r.request_spread >= 1.0 and r.work_spread >= 1.0
+        assert all(w.requests > 0 for w in r.workers)
+        assert all(w.event_gaps == 0 for w in r.workers)
+    # prefix weighs load: the shared system prompt does not pull every request onto one worker
+    assert res["prefix"].request_spread < 2.0
+    assert res["load"].work_spread <= res["random"].work_spread + 0.05
+
+
+@pytest.mark.parametrize("policy", policies.available())
+@pytest.mark.parametrize("router", ["prefix", "random"])
+def test_router_index_equals_union_of_worker_caches(policy: str, router: str) -> None:
+    cost = CostModel()
+    fleet, index = build_fleet(3, policy, SMALL, cost)
+    chooser = make_router(router, index, cost, tier_specs(SMALL, cost), seed=5)
+    res = run_fleet_on(conversations(sessions=16), fleet, chooser, router)
+    assert sum(w.sim.lookups for w in fleet) == res.lookups
+    used: set[str] = set()
+    for w in fleet:
+        held: dict[str, set[object]] = {b.name: set() for b in SMALL}
+        for key, t in w.sim.loc.items():
+            held[SMALL[t].name].add(key)
+        used.update(tier for tier, keys in held.items() if keys)
+        for tier, keys in held.items():
+            assert index.blocks(w.pod, MEDIUM[tier]) == keys, (w.pod, tier)
+        assert w.feed.gaps == 0
+    assert used == {"hbm", "dram", "disk"}
+    assert set(index.pods()) == {w.pod for w in fleet}
+
+
+def test_event_stream_is_vllm_ordered_and_complete() -> None:
+    """Decoded batches: contiguous sequence, int64 hashes = trace ids, a parent stored in
+    the same batch as its child comes first, and the stream alone rebuilds the cache."""
+    cost = CostModel()
+    fleet, index = build_fleet(2, "lru", SMALL, cost)
+    taps = []
+    for w in fleet:
+        tap = MemoryPublisher()
+        w.bus.add_publisher(tap)
+        taps.append(tap)
+    trace = conversations(sessions=10)
+    run_fleet_on(trace, fleet, make_router("prefix", index, cost, tier_specs(SMALL, cost)),
+                 "prefix")
+    ids = {h for r in trace for h in r.hash_ids}
+    for w, tap in zip(fleet, taps, strict=True):
+        assert [b.seq for b in tap.batches] == list(range(len(tap.batches)))
+        held: dict[str, set[int]] = {"GPU": set(), "CPU": set(), "DISK": set()}
+        removed = dict.fromkeys(held, 0)
+        for batch in tap.batches:
+            events = decode_batch(batch.payload).events
+            first_stored = {h: i for i, ev in reversed(list(enumerate(events)))
+                            if isinstance(ev, BlockStored) for h in ev.block_hashes}
+            for i, ev in enumerate(events):
+                assert isinstance(ev, BlockStored | BlockRemoved)
+                assert ev.medium in held
+                assert set(ev.block_hashes) <= ids
+                if isinstance(ev, BlockStored):
+                    parent = ev.parent_block_hash
+                    assert parent is None or first_stored.get(parent, -1) < i
+                    assert not held[ev.medium] & set(ev.block_hashes)
+                    held[ev.medium].update(ev.block_hashes)  # type: ignore[arg-type]
+                else:
+                    assert set(ev.block_hashes) <= held[ev.medium]
+                    held[ev.medium].difference_update(ev.block_hashes)
+                    removed[ev.medium] += len(ev.block_hashes)
+        assert all(removed.values()), removed  # demotions and drops were published
+        want: dict[str, set[object]] = {m: set() for m in held}
+        for key, t in w.sim.loc.items():
+            want[MEDIUM[SMALL[t].name].upper()].add(key)
+        assert held == want
+
+
+def test_eventing_policy_nets_a_step_and_orders_chains() -> None:
+    specs = tier_specs(BUDGETS[:2], CostModel())
+    sink = RecordingSink()
+    pol = EventingPolicy(policies.create("lru", specs), sink)
+    size = CostModel().block_bytes
+    a, b, c = (BlockInfo(k, size, p) for k, p in ((10, None), (11, 10), (12, 11)))
+    for info in (c, b, a):  # tail first, as the simulator stores
+        pol.on_insert(info, "hbm", 1.0)
+    pol.on_insert(BlockInfo(99, size), "hbm", 1.0)
+    pol.on_remove(99, "hbm")  # stored and gone in one step: nothing to say
+    pol.flush()
+    ((kind, metas, medium),) = sink.calls
+    assert (kind, medium) == ("stored", Medium.GPU)
+    assert [m.key for m in metas if isinstance(m, BlockMeta)] == [
+        trace_block_key(10), trace_block_key(11), trace_block_key(12)]
+    assert [m.parent_hash for m in metas if isinstance(m, BlockMeta)] == [
+        None, (10).to_bytes(8, "big"), (11).to_bytes(8, "big")]
+    sink.calls.clear()
+    pol.on_remove(12, "hbm")  # demote 12 to DRAM
+    pol.on_insert(c, "dram", 2.0)
+    pol.on_remove(11, "hbm")  # removed and back: no change
+    pol.on_insert(b, "hbm", 2.0)
+    pol.flush()
+    assert [(k, med) for k, _, med in sink.calls] == [("removed", Medium.GPU),
+                                                      ("stored", Medium.CPU)]
+    assert sink.calls[0][1] == (trace_block_key(12),)
+    assert [m.key for m in sink.calls[1][1] if isinstance(m, BlockMeta)] == [trace_block_key(12)]
+    assert pol.inner.evict("hbm", 1, set(), 3.0) == [11]  # the inner policy saw every call
+    pol.flush()
+    with pytest.raises(ValueError, match="no medium for tier"):
+        EventingPolicy(policies.create("lru", specs), sink, {"hbm": Medium.GPU})
+
+
+def test_cli_writes_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.jsonl"
+    dump_trace(conversations(sessions=6, turns=3), trace)
+    out = tmp_path / "fleet.json"
+    assert main([str(trace), "--workers", "2", "--hbm-blocks", "20", "--dram-blocks", "40",
+                 "--json", str(out), "--no-progress"]) == 0
+    table = capsys.readouterr().out
+    assert all(f"| {r} " in table for r in ROUTERS)
+    doc = json.loads(out.read_text())
+    assert [r["router"] for r in doc["results"]] == list(ROUTERS)
+    assert all(len(r["per_worker"]) == 2 for r in doc["results"])
+    assert doc["meta"]["tiers_per_worker"] == {"hbm": 20, "dram": 40, "disk": 0}
+    assert main([str(trace), "--workers", "0", "--no-progress"]) == 2
+    assert main([str(trace), "--policy", "nope", "--no-progress"]) == 2
+    assert "unknown policy 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.traces
+@pytest.mark.skipif(not TRACE.exists(), reason=f"real trace not present at {TRACE}")
+def test_conversation_trace_prefix_beats_random() -> None:
+    trace = load_trace(TRACE)[:1500]
+    budgets = [TierBudget("hbm", 500, DEFAULT_BANDWIDTH["hbm"]),
+               TierBudget("dram", 2000, DEFAULT_BANDWIDTH["dram"])]
+    rnd = replay_fleet(trace, 4, "random", "lru", budgets)
+    pfx = replay_fleet(trace, 4, "prefix", "lru", budgets)
+    assert pfx.hit_rate > 1.5 * rnd.hit_rate
+    assert pfx.request_spread < 1.5
+
+
+def test_kvstore_replay_runs_the_fleet_with_workers(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``kvstore replay --workers N --router ...`` runs the fleet replay (its capacities
+    are the replay parser's lists, one value each)."""
+    from kvstore.cli import main
+
+    trace = tmp_path / "t.jsonl"
+    dump_trace(conversations(sessions=4, turns=2), trace)
+    assert main(["replay", str(trace), "--workers", "3", "--router", "prefix",
+                 "--hbm-blocks", "10", "--dram-blocks", "20", "--no-progress"]) == 0
+    assert "| prefix " in capsys.readouterr().out
+    assert main(["replay", str(trace), "--workers", "3", "--hbm-blocks", "10,20"]) == 2
