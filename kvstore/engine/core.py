@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from kvstore.engine.index import Entry, Index
+from kvstore.engine.index import Entry, Index, chain_order
 from kvstore.engine.leases import Leases
 from kvstore.engine.mover import Mover, Transfer
 from kvstore.engine.stats import EngineStats
@@ -102,7 +102,7 @@ class Engine:
                     self.index.add_location(meta, name)
                     self.policy.on_insert(self._info(meta), name, now)
                 if metas:
-                    self.events.block_stored(_chain_order(metas), tier.medium)
+                    self.events.block_stored(chain_order(metas), tier.medium)
                 recovered += len(metas)
         self.mover.start()
         return recovered
@@ -425,19 +425,3 @@ class Engine:
         now = self.clock()
         keys = [(e.key, e.tiers[0]) for e in self.index.session_entries(hint.session_id)]
         return self._schedule(self.policy.on_hint(hint, keys, now), f"hint:{hint.event}")
-
-
-def _chain_order(metas: Sequence[BlockMeta]) -> list[BlockMeta]:
-    """Order metas so every parent comes before its children (recovery events)."""
-    by_hash = {m.key.block_hash: m for m in metas}
-    out: list[BlockMeta] = []
-    seen: set[bytes] = set()
-    for m in metas:
-        stack = []
-        cur: BlockMeta | None = m
-        while cur is not None and cur.key.block_hash not in seen:
-            stack.append(cur)
-            seen.add(cur.key.block_hash)
-            cur = by_hash.get(cur.parent_hash) if cur.parent_hash else None
-        out.extend(reversed(stack))
-    return out

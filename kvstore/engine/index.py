@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kvstore.errors import InvalidBlock, NamespaceNotFound
 from kvstore.types import HASH_LENGTHS, BlockKey, BlockMeta, check_hash
 
-__all__ = ["Entry", "Index"]
+__all__ = ["Entry", "Index", "chain_order"]
 
 
 @dataclass(slots=True)
@@ -140,3 +140,19 @@ class Index:
             if not ns.blocks:
                 del self._ns[key.namespace]
         return entry
+
+
+def chain_order(metas: Sequence[BlockMeta]) -> list[BlockMeta]:
+    """Order metas so every parent comes before its children (recovery events)."""
+    by_hash = {m.key.block_hash: m for m in metas}
+    out: list[BlockMeta] = []
+    seen: set[bytes] = set()
+    for m in metas:
+        stack = []
+        cur: BlockMeta | None = m
+        while cur is not None and cur.key.block_hash not in seen:
+            stack.append(cur)
+            seen.add(cur.key.block_hash)
+            cur = by_hash.get(cur.parent_hash) if cur.parent_hash else None
+        out.extend(reversed(stack))
+    return out
