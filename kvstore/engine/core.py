@@ -82,6 +82,8 @@ class Engine:
         self._in_flight: Counter[BlockKey] = Counter()
         #: Deleted while protected: (key, tier) whose bytes are freed by sweep().
         self._deferred_free: list[tuple[BlockKey, str]] = []
+        #: (key, dst tier) -> completion of the copy running now
+        self._copies: dict[tuple[BlockKey, str], asyncio.Future[None]] = {}
         self._medium = {name: t.medium for name, t in self.tiers.items()}
         #: Only build per-lookup key lists for policies that prefetch.
         self._wants_lookups = type(policy).on_lookup is not Policy.on_lookup
@@ -237,6 +239,24 @@ class Engine:
         return entry
 
     async def _copy(self, entry: Entry, src: str, dst: str) -> None:
+        """Copy a block into ``dst`` (no-op if it is there); concurrent copies of one
+        block to one tier share a single transfer."""
+        key = entry.key
+        if dst in entry.tiers:
+            return
+        running = self._copies.get((key, dst))
+        if running is not None:
+            await asyncio.shield(running)
+            return
+        done = asyncio.get_running_loop().create_future()
+        self._copies[(key, dst)] = done
+        try:
+            await self._copy_once(entry, src, dst)
+        finally:
+            del self._copies[(key, dst)]
+            done.set_result(None)
+
+    async def _copy_once(self, entry: Entry, src: str, dst: str) -> None:
         key = entry.key
         self._in_flight[key] += 1
         try:
@@ -278,12 +298,16 @@ class Engine:
             await self._drop(t.key, t.src)
 
     def _schedule(self, moves: Sequence[Move], reason: str) -> int:
+        """Queue the policy's moves. A drop (``dst=None``) drops every copy: with
+        write-back a block may sit in several tiers, and the policy sees the fastest."""
         n = 0
         for m in moves:
-            if isinstance(m.key, BlockKey) and self.mover.submit(
-                Transfer(m.key, m.src, m.dst, reason=reason)
-            ):
-                n += 1
+            if not isinstance(m.key, BlockKey):
+                continue
+            entry = self.index.get(m.key)
+            srcs = list(entry.tiers) if (m.dst is None and entry is not None) else [m.src]
+            for src in srcs:
+                n += self.mover.submit(Transfer(m.key, src, m.dst, reason=reason))
         return n
 
     def _after_store(self, entry: Entry) -> None:
@@ -347,8 +371,13 @@ class Engine:
                 break
             hit.append(entry)
             hit_tiers.append(entry.tiers[0])
+        top = self.order[0]
         for entry in reversed(hit):  # tail first: the head ends most recent (vLLM's order)
             touch(entry.meta.key, entry.tiers[0], now)
+            if entry.tiers[0] != top:
+                # The session is back: bring its prefix up before the engine reads it.
+                self.mover.submit(Transfer(entry.meta.key, entry.tiers[0], top, keep_src=True,
+                                           reason="prefetch"))
         st = self.stats
         st.tier_hits.update(hit_tiers)  # type: ignore[arg-type]
         st.lookups += 1

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from kvstore.errors import ResourceExhausted
 from kvstore.types import BlockKey
 
 __all__ = ["Mover", "Transfer"]
@@ -73,9 +74,14 @@ class Mover:
                 self.done += 1
             except asyncio.CancelledError:
                 raise
+            except ResourceExhausted as exc:  # no room now: a cache may skip a copy
+                self.failed += 1
+                log.info("transfer %s %s->%s (%s) skipped: %s", t.key, t.src, t.dst, t.reason,
+                         exc)
             except Exception as exc:  # a failed transfer must not stop the mover
                 self.failed += 1
-                log.warning("transfer %s %s->%s failed: %s", t.key, t.src, t.dst, exc)
+                log.warning("transfer %s %s->%s (%s) failed: %s", t.key, t.src, t.dst,
+                            t.reason, exc)
             finally:
                 self._running = 0
                 self._queue.task_done()

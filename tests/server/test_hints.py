@@ -1,0 +1,53 @@
+"""Turn hints move a session's blocks between tiers as the policy decides, and
+a returning session's prefix is prefetched back up (real server, workload policy)."""
+
+from __future__ import annotations
+
+import time
+
+from kvstore import KVStoreClient, Medium
+from tests.blocks import make_chain
+
+KiB = 1024
+
+
+def _wait(cond, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise TimeoutError("condition not reached")
+
+
+def test_hints_offload_prefetch_and_drop(server_factory):
+    srv = server_factory(engine={"policy": "workload"}, dram={"capacity": "4MiB"},
+                         disk={"capacity": "64MiB"})
+    mine = make_chain(6, 64 * KiB, seed=1)
+    other = make_chain(3, 64 * KiB, seed=2)
+    hashes = [b.block_hash for b in mine]
+    with KVStoreClient(srv.address) as c:
+        c.put("m", mine, session_id="s1", workload="chat")
+        c.put("m", other, session_id="s2", workload="chat")
+        srv.drain()  # write-back: every block is on disk too
+        assert c.stats().tier("disk").blocks == 9
+
+        # A human will take ten minutes to reply: s1's blocks leave DRAM, s2's stay.
+        assert c.hint("s1", "turn_end", workload="chat", expected_gap_ms=600_000) >= 6
+        srv.drain()
+        assert c.stats().tier("dram").blocks == 3
+        assert c.lookup("m", [b.block_hash for b in other]).media == (Medium.CPU,) * 3
+
+        # The session is back: its lookup is served from disk and prefetches the prefix.
+        assert c.lookup("m", hashes, session_id="s1").media == (Medium.DISK,) * 6
+        srv.drain()
+        assert c.lookup("m", hashes).media == (Medium.CPU,) * 6
+        got = c.get("m", hashes)
+        assert [g.payload for g in got if g] == [b.payload for b in mine]
+
+        # The session ends: every copy of its private blocks goes.
+        c.hint("s1", "session_end", workload="chat")
+        srv.drain()
+        assert c.lookup("m", hashes).num_hit == 0
+        st = c.stats()
+        assert st.blocks == 3 and st.tier("disk").blocks == 3
