@@ -435,16 +435,21 @@ class Engine:
         else:
             self.index.check_hashes(namespace, list(hashes))
             entries = [e for h in hashes if (e := self.index.get_hash(namespace, h))]
+        # Forget every copy before the first await, so a copy finishing meanwhile sees
+        # its block gone (and discards itself) instead of re-adding it.
+        to_free: list[tuple[BlockKey, str]] = []
         for entry in entries:
             for tier_name in list(entry.tiers):
+                self.index.remove_location(entry.key, tier_name)
+                self.policy.on_remove(entry.key, tier_name)
+                self.events.block_removed([entry.key], self.tiers[tier_name].medium)
                 if self.is_protected(entry.key):
-                    # Being read or copied: forget it now, free the bytes once let go.
-                    self.index.remove_location(entry.key, tier_name)
-                    self.policy.on_remove(entry.key, tier_name)
-                    self.events.block_removed([entry.key], self.tiers[tier_name].medium)
+                    # Being read or copied: free the bytes once it is let go (sweep).
                     self._deferred_free.append((entry.key, tier_name))
                 else:
-                    await self._drop(entry.key, tier_name)
+                    to_free.append((entry.key, tier_name))
+        for key, tier_name in to_free:
+            await self.tiers[tier_name].delete(key)
         if not hashes and entries:
             self.events.all_cleared()
         return len(entries)

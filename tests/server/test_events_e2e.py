@@ -19,15 +19,19 @@ def _router_view(index: PrefixIndex) -> dict[str, set[int]]:
     return {m: index.blocks("pod-a", m) for m in ("cpu", "disk")}
 
 
-def _server_view(c: KVStoreClient, hashes: list[bytes]) -> dict[str, set[int]]:
-    """Where each block is, from the server: one Lookup per block (all its tiers
-    are reported as the fastest one, so ask Stats for the rest)."""
-    view: dict[str, set[int]] = {"cpu": set(), "disk": set()}
-    for h in hashes:
-        r = c.lookup("m", [h])
-        if r.num_hit:
-            view[r.media[0].value.lower()].add(block_hash_to_int(h))
-    return view
+def _server_view(srv) -> dict[str, set[int]]:
+    """Where the server holds each block, read from its index on its own loop (a
+    Lookup would prefetch and so change what it observes)."""
+
+    async def snapshot() -> dict[str, set[int]]:
+        view: dict[str, set[int]] = {"cpu": set(), "disk": set()}
+        for e in srv.engine.index.entries():
+            for tier in e.tiers:
+                medium = srv.engine.tiers[tier].medium.value.lower()
+                view[medium].add(block_hash_to_int(e.key.block_hash))
+        return view
+
+    return srv.run(snapshot())
 
 
 async def test_router_index_follows_the_servers_placement(server_factory):
@@ -52,8 +56,8 @@ async def test_router_index_follows_the_servers_placement(server_factory):
                 await asyncio.sleep(0.05)
             view = _router_view(index)
             assert view["disk"] == every  # write-back announced every block on DISK
-            in_dram = await asyncio.to_thread(_server_view, c, hashes)
-            assert view["cpu"] == in_dram["cpu"] and len(view["cpu"]) == 4
+            assert view == await asyncio.to_thread(_server_view, srv)
+            assert len(view["cpu"]) == 4
 
             # The router's scorer prefers this pod for the chain, weighted by tier.
             scorer = PrefixScorer(index)
