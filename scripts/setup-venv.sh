@@ -13,6 +13,7 @@ if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.stamp 2>/dev/null)" != "$(stamp)
   echo "== setting up .venv"
   "$PY" -m venv .venv
   .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q torch==2.13.0   # the connector's layout tests use CPU tensors
   .venv/bin/pip install -q -e ".[test]"
   # The generated stubs must import under protobuf 7 too (LMCache pins < 7, grpcio-tools
   # 1.78 pins < 7): a side copy of protobuf 7 for tests/test_proto.py.
