@@ -65,7 +65,7 @@ async def tail(
 
     count = 0
     async with grpc.aio.insecure_channel(address) as channel:
-        stub = pb_grpc.KVStoreStub(channel)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.KVStoreStub(channel)
         call = stub.SubscribeEvents(pb.SubscribeRequest(start_seq=start_seq))
         async for msg in call:
             try:
