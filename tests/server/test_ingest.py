@@ -6,6 +6,7 @@ removals of exactly what vLLM held."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import zmq
@@ -27,10 +28,8 @@ def _events(srv, start_seq: int = 0, want: int = 1, timeout: float = 10.0) -> li
                 out.extend(wire.decode_batch(batch.payload).events)
                 if len(out) >= want:
                     return
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(read(), timeout)
-        except TimeoutError:
-            pass
         return out
 
     return srv.run(collect(), timeout + 5)
