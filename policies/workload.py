@@ -3,110 +3,145 @@
 Every block belongs to a *class* built from what the engine can see: workload,
 the session's last turn event (tool call with its tool name, user turn,
 session end), whether the block is partial (a request's last block, which the
-next turn rewrites), whether the request was short (< 8 blocks), how often the
-key was used, whether other sessions share it (system prompts, tool schemas)
-and how much of the request's prefix was seen before. Per class the policy
-learns online how often and how soon blocks come back
-(:class:`~kvstore.policies.returns.ReturnModel`); it never sees the future.
+next turn rewrites), the request's length (< 8, < 32 or more blocks), how often
+the key was used, whether it is a head block (position 0-1: system prompts),
+how much of the request's prefix was seen before, and how long ago the key was
+last used. Per class the policy learns online when blocks come back
+(:class:`~kvstore.policies.holdtime.HoldModel`); it never sees the future.
 
-A block's value is its hit density (LHD, Beckmann et al., NSDI'18): the chance
-it is back within ``window_s`` given how long it has been idle, over the cache
-time it still needs until then. The lowest value goes first, children before
-parents; a new block is admitted only if it is worth more than recent victims.
+Each class gets a *hold time*: how long after a use a block is worth keeping
+at the tier's price per block-second, the price being the one at which the
+classes' demand fills the tier. A block expires at its last use plus its hold
+time; victims go in expiry order (expired ones first), children before
+parents, and a parent never expires before a cached child (a prefix is only
+worth its shortest-lived head). A request's missing blocks are admitted only
+as a prefix of blocks worth a slot: a block with hold time 0 (a partial tail,
+a class that does not come back soon enough) is refused, and so is everything
+after it.
 
 Between turns a hint re-classes the session's blocks, so a block waiting on a
-fast tool is worth more than one waiting on a human, and per (workload, tool)
-return times are learned from when sessions actually come back. With more than
-one tier, a user turn whose expected gap is long moves the session's private
-blocks one tier down (offload); a session end drops them; a victim is demoted
-only if it may still come back and its next tier beats recompute under the
-cost model.
+fast tool is held as long as that tool's return calls for, and per (workload,
+tool) return times are learned from when sessions actually come back. With
+more than one tier, a user turn whose expected gap is long moves the session's
+private blocks one tier down (offload); a session end drops them; a victim is
+demoted only while its hold time in the next tier runs and that tier beats
+recompute under the cost model.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import OrderedDict
 from collections.abc import Container, Hashable, Iterator, Sequence
 
 from kvstore.policies._prefix import ChildIndex
 from kvstore.policies.base import BlockInfo, Hint, Move, Policy, TierSpec
 from kvstore.policies.cost import CostModel
+from kvstore.policies.holdtime import HoldModel
 from kvstore.policies.returns import ReturnModel
 
 __all__ = ["WorkloadPolicy"]
 
-#: (workload, session's last turn event, partial block, short request, uses bucket,
-#: shared by several sessions, share of the request's prefix seen before in quarters)
-Cls = tuple[str, str, bool, bool, int, bool, int]
+#: (workload, session's last turn event, partial block, request length bucket, uses
+#: bucket, head block, share of the request's prefix seen before in quarters,
+#: bucket of the time since the key's previous use)
+Cls = tuple[str, str, bool, int, int, bool, int, int]
+
+_GAPS = (60.0, 120.0, 240.0, 600.0)
 
 
-def _count_bucket(n: int) -> int:
-    return 0 if n <= 1 else 1 if n == 2 else 2 if n <= 4 else 3 if n <= 8 else 4
+def _gap_bucket(gap: float | None) -> int:
+    if gap is None:
+        return 0
+    for i, edge in enumerate(_GAPS):
+        if gap < edge:
+            return i + 1
+    return len(_GAPS) + 1
+
+
+def _coarse(cls: Hashable) -> Hashable:
+    """The parent class a sparse class borrows from: no prefix share, no gap."""
+    return cls[:6] if isinstance(cls, tuple) else cls
 
 
 class _Tier:
-    __slots__ = ("by_cls", "capacity", "frontier", "hold_s", "index", "meta", "used")
+    __slots__ = ("adj", "base", "capacity", "expiry", "heap", "index", "lam", "meta", "parent",
+                 "pending", "used")
 
-    def __init__(self, hold_s: float, capacity: int) -> None:
+    def __init__(self, capacity: int, lam: float) -> None:
         self.capacity = capacity
         self.used = 0
-        #: Running mean of the value of recent victims: the bar a newcomer must clear.
-        self.frontier = 0.0
-        self.by_cls: dict[Cls, OrderedDict[Hashable, None]] = {}
         self.meta: dict[Hashable, tuple[Cls, float, int]] = {}  # cls, last use, size
+        self.expiry: dict[Hashable, float] = {}
+        self.heap: list[tuple[float, int, Hashable]] = []  # (expiry, seq, key), lazy
+        self.parent: dict[Hashable, Hashable | None] = {}
+        #: Expiry a cached child asks of a parent not stored yet (same request).
+        self.pending: dict[Hashable, float] = {}
         self.index = ChildIndex()
-        self.hold_s = hold_s
+        #: Price of a block-second in this tier: a base (solved from demand in the top
+        #: tier) times a correction learned from evictions.
+        self.base = lam
+        self.adj = 1.0
+        self.lam = lam
 
 
 class WorkloadPolicy(Policy):
     name = "workload"
 
     def __init__(self, tiers: Sequence[TierSpec], cost: CostModel | None = None,
-                 short_blocks: int = 8, keep_gap_s: float = 30.0, min_p_demote: float = 0.02,
-                 history: int = 1 << 20, admit_margin: float = 1.0,
-                 window_s: float | None = 150.0, density: bool = True,
-                 use_shared: bool = True) -> None:
+                 short_blocks: int = 8, long_blocks: int = 32, keep_gap_s: float = 30.0,
+                 history: int = 1 << 20, lam0: float = 1e-3, solve_s: float = 20.0,
+                 fill: float = 0.6, eta: float = 0.003, smoothing: float = 20.0,
+                 adj_floor: float = 1.0, min_p_demote: float = 0.02) -> None:
         super().__init__(tiers)
         self.cost = cost or CostModel()
         self.short_blocks = short_blocks
+        self.long_blocks = long_blocks
         self.keep_gap_s = keep_gap_s
-        self.min_p_demote = min_p_demote
         self._history_max = history
-        self.admit_margin = admit_margin
-        self.window_s = window_s
-        self.density = density
-        self.use_shared = use_shared
-        self.model = ReturnModel()
+        self.solve_s = solve_s
+        self.fill = fill
+        self.eta = eta
+        self.adj_floor = adj_floor
+        self.min_p_demote = min_p_demote
+        self.model = HoldModel(_coarse, smoothing=smoothing)
         #: Session return times after a hint, per (workload, event or tool).
         self.turns = ReturnModel()
         self._waiting: dict[str, tuple[tuple[str, str], float]] = {}
-        self._t = {t.name: _Tier(60.0, t.capacity_bytes) for t in tiers}
+        self._t = {t.name: _Tier(t.capacity_bytes, lam0) for t in tiers}
         # key -> (class of its open lifetime, start time, uses, owner session, shared)
         self._hist: OrderedDict[Hashable, tuple[Cls, float, int, str, bool]] = OrderedDict()
         # session -> its last turn event ("" while a request runs), oldest first
         self._state: OrderedDict[str, str] = OrderedDict()
         self._seen: dict[str, int] = {}  # session -> seen-prefix quarters of its last request
         self._worth = {t.name: self.cost.worth_loading(t) for t in tiers}
+        self._allow: dict[Hashable, str] = {}  # missing keys of the request -> tier
+        self._seq = itertools.count()
+        self._first: float | None = None
+        self._solved = 0.0
+        self._block = self.cost.block_bytes
 
     # -- classes and learning ---------------------------------------------------
-    def _cls(self, info: BlockInfo, uses: int, shared: bool) -> Cls:
+    def _cls(self, info: BlockInfo, uses: int, pos: int, gap: float | None) -> Cls:
         partial = 0 < info.num_tokens < self.cost.block_tokens
-        short = 0 < info.request_blocks < self.short_blocks
-        return (info.workload, self._state.get(info.session_id, ""), partial, short,
-                _count_bucket(uses), shared and self.use_shared,
-                self._seen.get(info.session_id, 0))
+        n = info.request_blocks
+        length = 0 if n < self.short_blocks else 1 if n < self.long_blocks else 2
+        return (info.workload, self._state.get(info.session_id, ""), partial, length,
+                min(uses - 1, 4), pos < 2, self._seen.get(info.session_id, 0),
+                _gap_bucket(gap))
 
-    def _begin(self, key: Hashable, info: BlockInfo, now: float) -> Cls:
+    def _begin(self, key: Hashable, info: BlockInfo, now: float, pos: int) -> Cls:
         """Close ``key``'s open lifetime (a return) and start a new one."""
         prev = self._hist.pop(key, None)
-        uses, owner, shared = 1, info.session_id, False
+        uses, owner, shared, gap = 1, info.session_id, False, None
         if prev is not None:
-            self.model.returned(prev[0], now - prev[1])
+            gap = now - prev[1]
+            self.model.returned(prev[0], gap)
             uses = prev[2] + 1
             owner = prev[3]
             shared = prev[4] or (owner != info.session_id and info.session_id != "")
-        cls = self._cls(info, uses, shared)
+        cls = self._cls(info, uses, pos, gap)
         self.model.start(cls)
         self._hist[key] = (cls, now, uses, owner, shared)
         if len(self._hist) > self._history_max:
@@ -118,17 +153,20 @@ class WorkloadPolicy(Policy):
         state = f"tool:{tool or '?'}" if event == "tool_call" else event
         return self.turns.median_gap((workload, state))
 
-    def value(self, cls: Cls, age: float, tier: str) -> float:
-        window = self.window_s if self.window_s is not None else self._t[tier].hold_s
-        if self.density:
-            return self.model.density(cls, age, window)
-        return self.model.p_return(cls, age, window)
+    def hold(self, cls: Cls, tier: str, now: float) -> float:
+        """Seconds a block of ``cls`` is worth keeping in ``tier`` after a use."""
+        return self.model.hold(cls, self._t[tier].lam, now)
+
+    def value(self, cls: Cls, age: float, tier: str, now: float = 0.0) -> float:
+        """Hold time left for a block of ``cls`` idle ``age`` s (< 0: expired)."""
+        return self.hold(cls, tier, now) - age
 
     # -- engine callbacks -------------------------------------------------------
     def on_lookup(
         self, keys: Sequence[Hashable], hit_tiers: Sequence[str | None], info: BlockInfo,
         now: float,
     ) -> list[Move]:
+        self._tick(now, info.size)
         session = info.session_id
         waiting = self._waiting.pop(session, None)
         if waiting is not None:
@@ -146,16 +184,87 @@ class WorkloadPolicy(Policy):
             self._waiting.pop(old, None)
             self._seen.pop(old, None)
         last = len(keys) - 1
+        self._allow.clear()
+        chain = True
         for j, k in enumerate(keys):
             tokens = info.num_tokens if j == last else self.cost.block_tokens
             binfo = BlockInfo(k, info.size, None, session, info.workload, tokens,
                               info.request_blocks)
-            self._begin(k, binfo, now)
-        for j, k in enumerate(keys):
+            cls = self._begin(k, binfo, now, j)
             t = hit_tiers[j]
-            if t is not None and k in self._t[t].meta:
-                self._reclass(k, t, now)
+            if t is not None:
+                if k in self._t[t].meta:
+                    self._reclass(k, t, now)
+                continue
+            if chain:
+                dst = self._place_for(cls, info.size, now)
+                if dst is None:
+                    chain = False
+                else:
+                    self._allow[k] = dst
         return []
+
+    def _place_for(self, cls: Cls, size: int, now: float) -> str | None:
+        """The fastest tier worth loading from that has room or holds ``cls`` a while."""
+        for t in self.tiers:
+            if not self._worth[t.name]:
+                continue
+            tr = self._t[t.name]
+            if tr.used + size <= tr.capacity or self.hold(cls, t.name, now) > 0:
+                return t.name
+        return None
+
+    @staticmethod
+    def _earliest(tr: _Tier) -> float:
+        """The earliest expiry in ``tr`` (inf when empty); drops stale heap entries."""
+        heap = tr.heap
+        while heap and tr.expiry.get(heap[0][2]) != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else float("inf")
+
+    def _tick(self, now: float, size: int) -> None:
+        """Re-price the tiers. The top tier's base price is the one at which the
+        classes' demand fills ``fill`` of it (re-solved every ``solve_s``); every
+        tier's correction rises when it evicts a block still in its hold time and
+        falls while it has room or expired blocks (never below 1 on a solved price)."""
+        if size > 0:
+            self._block = size
+        if self._first is None:
+            self._first = self._solved = now
+        elapsed = now - self._first
+        top = self.tiers[0].name
+        for t in self.tiers:
+            tr = self._t[t.name]
+            if (t.name == top and self.solve_s > 0 and elapsed > 3 * self.solve_s
+                    and now - self._solved >= self.solve_s):
+                blocks = self.fill * tr.capacity / self._block
+                tr.base = min(max(self.model.solve(tr.base, blocks, elapsed), 1e-6), 1.0)
+                self._solved = now
+            if tr.used + 4 * self._block <= tr.capacity or self._earliest(tr) <= now:
+                # Room or expired blocks: cheaper. A solved price is only ever raised
+                # (its demand already counts every class; the misses are overfills).
+                floor = self.adj_floor if t.name == top and self.solve_s > 0 else 0.0
+                tr.adj = max(tr.adj * (1.0 - self.eta), floor)
+            tr.lam = tr.base * tr.adj
+
+    def _expire(self, tr: _Tier, key: Hashable, cls: Cls, last: float, tier: str,
+                now: float) -> None:
+        """Set ``key``'s expiry; cached ancestors live at least as long."""
+        e = last + self.hold(cls, tier, now)
+        e = max(e, tr.pending.pop(key, e))
+        tr.expiry[key] = e
+        heapq.heappush(tr.heap, (e, next(self._seq), key))
+        p = tr.parent.get(key)
+        while p is not None and p in tr.expiry:
+            if tr.expiry[p] >= e:
+                return
+            tr.expiry[p] = e
+            heapq.heappush(tr.heap, (e, next(self._seq), p))
+            p = tr.parent.get(p)
+        if p is not None and tr.pending.get(p, e - 1.0) < e:
+            tr.pending[p] = e
+            if len(tr.pending) > 4096:
+                tr.pending.clear()
 
     def _reclass(self, key: Hashable, tier: str, now: float) -> None:
         tr = self._t[tier]
@@ -163,21 +272,21 @@ class WorkloadPolicy(Policy):
         h = self._hist.get(key)
         if old is None or h is None:
             return
-        del tr.by_cls[old[0]][key]
         tr.meta[key] = (h[0], now, old[2])
-        tr.by_cls.setdefault(h[0], OrderedDict())[key] = None
+        self._expire(tr, key, h[0], now, tier, now)
 
     def on_insert(self, info: BlockInfo, tier: str, now: float) -> None:
         tr = self._t[tier]
         if info.key in tr.meta:
             return
         h = self._hist.get(info.key)
-        cls = h[0] if h is not None else self._begin(info.key, info, now)
+        cls = h[0] if h is not None else self._begin(info.key, info, now, 0)
         last = h[1] if h is not None else now
         tr.meta[info.key] = (cls, last, info.size)
         tr.used += info.size
-        tr.by_cls.setdefault(cls, OrderedDict())[info.key] = None
+        tr.parent[info.key] = info.parent
         tr.index.add(info.key, info.parent, info.size)
+        self._expire(tr, info.key, cls, last, tier, now)
 
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         tr = self._t[tier]
@@ -186,12 +295,8 @@ class WorkloadPolicy(Policy):
             return
         h = self._hist.get(key)
         cls = h[0] if h is not None else m[0]
-        if cls != m[0]:
-            del tr.by_cls[m[0]][key]
-            tr.by_cls.setdefault(cls, OrderedDict())[key] = None
-        else:
-            tr.by_cls[cls].move_to_end(key)
         tr.meta[key] = (cls, now, m[2])
+        self._expire(tr, key, cls, now, tier, now)
 
     def on_remove(self, key: Hashable, tier: str) -> None:
         tr = self._t[tier]
@@ -199,75 +304,59 @@ class WorkloadPolicy(Policy):
         if m is None:
             return
         tr.used -= m[2]
-        od = tr.by_cls[m[0]]
-        del od[key]
-        if not od:
-            del tr.by_cls[m[0]]
+        tr.expiry.pop(key, None)
+        tr.parent.pop(key, None)
+        tr.pending.pop(key, None)
         tr.index.remove(key)
 
     def evict(
         self, tier: str, nbytes: int, protected: Container[Hashable], now: float
     ) -> list[Hashable] | None:
         tr = self._t[tier]
-        victims = tr.index.take(self._candidates(tr, tier, now), nbytes, protected)
-        if victims:
-            age = sum(now - tr.meta[v][1] for v in victims) / len(victims)
-            tr.hold_s = 0.98 * tr.hold_s + 0.02 * max(age, 1.0)
-            v = victims[0]
-            val = self.value(tr.meta[v][0], now - tr.meta[v][1], tier)
-            tr.frontier = 0.95 * tr.frontier + 0.05 * val
+        popped: list[tuple[float, int, Hashable]] = []
+        victims = tr.index.take(self._candidates(tr, popped), nbytes, protected)
+        chosen = set(victims or ())
+        for entry in popped:
+            if entry[2] not in chosen:
+                heapq.heappush(tr.heap, entry)
+        if victims and tr.expiry.get(victims[0], now) > now:
+            # evicting blocks still in their hold time: a block-second is dearer
+            tr.adj *= 1.0 + self.eta
+            tr.lam = tr.base * tr.adj
         return victims
 
-    def _candidates(self, tr: _Tier, tier: str, now: float) -> Iterator[tuple[Hashable, int]]:
-        """Blocks lowest value first: a merge of the per-class idle-time orders."""
-        heap: list[tuple[float, int, Hashable, Iterator[Hashable], Cls]] = []
-        meta = tr.meta
-        for n, (cls, od) in enumerate(tr.by_cls.items()):
-            it = iter(od)
-            for key in it:
-                heap.append((self.value(cls, now - meta[key][1], tier), n, key, it, cls))
-                break
-        heapq.heapify(heap)
+    def _candidates(self, tr: _Tier, popped: list[tuple[float, int, Hashable]]
+                    ) -> Iterator[tuple[Hashable, int]]:
+        """Blocks in expiry order (the heap is lazy: stale entries are dropped)."""
+        heap = tr.heap
         while heap:
-            _, n, key, it, cls = heap[0]
-            yield key, meta[key][2]
-            for nxt in it:
-                heapq.heapreplace(heap, (self.value(cls, now - meta[nxt][1], tier), n, nxt,
-                                         it, cls))
-                break
-            else:
-                heapq.heappop(heap)
+            entry = heapq.heappop(heap)
+            key = entry[2]
+            if tr.expiry.get(key) != entry[0]:
+                continue
+            popped.append(entry)
+            yield key, tr.meta[key][2]
 
     # -- placement ----------------------------------------------------------------
     def admit(self, info: BlockInfo, now: float) -> str | None:
-        """The fastest tier (worth loading from) whose victims are worth less."""
-        h = self._hist.get(info.key)
-        cls = h[0] if h is not None else self._cls(info, 1, False)
-        for t in self.tiers:
-            if not self._worth[t.name]:
-                continue
-            tr = self._t[t.name]
-            if tr.used + info.size <= tr.capacity:
-                return t.name
-            if self.value(cls, 0.0, t.name) > self.admit_margin * tr.frontier:
-                return t.name
-        return None
+        """The tier chosen when the request was looked up (a prefix worth a slot)."""
+        dst = self._allow.get(info.key)
+        if dst is not None:
+            return dst
+        if info.key in self._hist:
+            return None
+        return self._place_for(self._cls(info, 1, 0, None), info.size, now)
 
     def demote_to(self, key: Hashable, tier: str, now: float) -> str | None:
         i = self._order[tier] + 1
         if i >= len(self.tiers):
             return None
-        m = self._t[tier].meta.get(key)
-        h = self._hist.get(key)
-        if h is None:
-            return None
-        age = now - (m[1] if m is not None else h[1])
         nxt = self.tiers[i].name
-        if not self._worth[nxt]:
+        h = self._hist.get(key)
+        if h is None or not self._worth[nxt]:
             return None
-        if self.model.p_return(h[0], age, 1e9) < self.min_p_demote:
-            return None
-        return nxt
+        started, back = self.model.observations(h[0])
+        return nxt if back >= self.min_p_demote * max(started, 1) else None
 
     def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:
         session = hint.session_id
@@ -289,7 +378,7 @@ class WorkloadPolicy(Policy):
                 continue
             self.model.unstart(h[0])
             old = h[0]
-            cls: Cls = (old[0], state, old[2], old[3], old[4], old[5], old[6])
+            cls: Cls = (old[0], state, *old[2:])
             self.model.start(cls)
             self._hist[key] = (cls, now, h[2], h[3], h[4])
             if key in self._t[tier].meta:

@@ -2,8 +2,12 @@
 
 On a miss with a full cache, evict the block whose next request lies furthest
 in the future (never-again blocks first; ties go to the least recently used).
-Blocks are counted, not bytes. Needs the whole future, so it lives here and
-never among the policies.
+With ``bypass=True`` a missed block needed later than every cached one is not
+stored at all: the optimum for caches that may refuse admission, and so the
+bound for policies that do (``workload`` does). The published figures for the
+conversation trace are the classic form (``bypass=False``). Blocks are counted,
+not bytes. Needs the whole future, so it
+lives here and never among the policies.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ def _next_use(requests: Sequence[Request]) -> list[list[int]]:
     return nxt
 
 
-def belady_hit_rate(requests: Sequence[Request], capacity_blocks: int) -> float:
+def belady_hit_rate(requests: Sequence[Request], capacity_blocks: int,
+                    bypass: bool = False) -> float:
     """Prefix hit rate (hit blocks / looked-up blocks) of the offline optimum."""
     if capacity_blocks < 1:
         raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
@@ -55,6 +60,8 @@ def belady_hit_rate(requests: Sequence[Request], capacity_blocks: int) -> float:
                     if cache.get(y) == (-neg, t):
                         break
                     heapq.heappop(heap)
+                if bypass and nu >= -neg:
+                    continue  # x is needed no sooner than the furthest cached block
                 heapq.heappop(heap)
                 del cache[y]
             cache[x] = stamp
