@@ -17,7 +17,10 @@ if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.stamp 2>/dev/null)" != "$(stamp)
   .venv/bin/pip install -q -e ".[test]"
   # The generated stubs must import under protobuf 7 too (LMCache pins < 7, grpcio-tools
   # 1.78 pins < 7): a side copy of protobuf 7 for tests/test_proto.py.
-  .venv/bin/pip install -q --target .venv/protobuf7 "protobuf>=7,<8"
+  # (unpacked from its wheel: a --target install would re-check the venv's pins and complain)
+  rm -rf .venv/protobuf7 .venv/pb7-wheel
+  .venv/bin/pip download -q --no-deps --only-binary=:all: -d .venv/pb7-wheel "protobuf>=7,<8"
+  .venv/bin/python -m zipfile -e .venv/pb7-wheel/protobuf-*.whl .venv/protobuf7
   stamp > .venv/.stamp
 fi
 
