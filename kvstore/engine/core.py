@@ -14,10 +14,10 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 
 import xxhash
 
+from kvstore.engine.blocks import NewBlock, block_info, check_blocks, new_meta
 from kvstore.engine.index import Entry, Index, chain_order
 from kvstore.engine.leases import Leases
 from kvstore.engine.mover import Mover, Transfer
@@ -26,30 +26,18 @@ from kvstore.errors import (
     BlockNotFound,
     BlockTooLargeForTier,
     DataCorruption,
-    InvalidBlock,
-    PayloadTooLarge,
     TierFull,
 )
 from kvstore.events import EventSink, NullSink
 from kvstore.policies import BlockInfo, Hint, Move, Policy
 from kvstore.tiers.base import SlotTier, Tier
-from kvstore.types import BlockKey, BlockMeta, Medium, Workload, check_hash
+from kvstore.types import BlockKey, BlockMeta, Medium, Workload
 
-__all__ = ["Engine", "NewBlock"]
+__all__ = ["Engine", "NewBlock"]  # NewBlock re-exported from kvstore.engine.blocks
 
 log = logging.getLogger(__name__)
 
 _MAX_EVICTION_ROUNDS = 64
-
-
-@dataclass(frozen=True, slots=True)
-class NewBlock:
-    """A block to store, as the servicer hands it over (payload inline or in a slot)."""
-
-    block_hash: bytes
-    parent_hash: bytes | None
-    token_ids: tuple[int, ...]
-    payload: bytes | memoryview
 
 
 class Engine:
@@ -102,7 +90,7 @@ class Engine:
                 metas = await inner.recover()
                 for meta in metas:
                     self.index.add_location(meta, name)
-                    self.policy.on_insert(self._info(meta), name, now)
+                    self.policy.on_insert(block_info(meta), name, now)
                 if metas:
                     self.events.block_stored(chain_order(metas), tier.medium)
                 recovered += len(metas)
@@ -136,41 +124,6 @@ class Engine:
             tier = self.tiers[r.tier].unwrap()
             if isinstance(tier, SlotTier):
                 tier.abort(r.slot)
-
-    # -- validation -------------------------------------------------------------------
-    def _validate(self, namespace: str, blocks: Sequence[NewBlock]) -> None:
-        self.index.check_hashes(namespace, [b.block_hash for b in blocks])
-        for b in blocks:
-            if b.parent_hash:
-                check_hash(b.parent_hash, "parent_hash")
-            self._check_size(b.block_hash, len(b.payload))
-
-    def _check_size(self, block_hash: bytes, size: int) -> None:
-        if size == 0:
-            raise InvalidBlock(f"block {block_hash.hex()[:16]}: payload is empty")
-        if size > self.max_block_bytes:
-            raise PayloadTooLarge(
-                f"block {block_hash.hex()[:16]}: payload of {size} bytes exceeds "
-                f"server.max_block_bytes = {self.max_block_bytes}"
-            )
-
-    @staticmethod
-    def _info(meta: BlockMeta) -> BlockInfo:
-        return BlockInfo(
-            key=meta.key, size=meta.size, parent=(
-                BlockKey(meta.key.namespace, meta.parent_hash) if meta.parent_hash else None),
-            session_id=meta.session_id, workload=meta.workload.value,
-            num_tokens=len(meta.token_ids),
-        )
-
-    def _meta(self, namespace: str, b: NewBlock, checksum: int, session: str,
-              workload: Workload) -> BlockMeta:
-        return BlockMeta(
-            key=BlockKey(namespace, bytes(b.block_hash)),
-            parent_hash=bytes(b.parent_hash) if b.parent_hash else None,
-            token_ids=tuple(b.token_ids), size=len(b.payload), checksum=checksum,
-            session_id=session, workload=workload, created_at=time.time(),
-        )
 
     # -- capacity -----------------------------------------------------------------------
     def protected(self) -> set[Hashable]:
@@ -234,7 +187,7 @@ class Engine:
 
     def _stored(self, meta: BlockMeta, tier_name: str) -> Entry:
         entry = self.index.add_location(meta, tier_name)
-        self.policy.on_insert(self._info(meta), tier_name, self.clock())
+        self.policy.on_insert(block_info(meta), tier_name, self.clock())
         self.events.block_stored([meta], self.tiers[tier_name].medium)
         return entry
 
@@ -322,7 +275,7 @@ class Engine:
                   workload: str = "") -> tuple[int, int]:
         """Store blocks (gRPC path). Returns (stored, already present)."""
         wl = Workload.parse(workload)
-        self._validate(namespace, blocks)
+        check_blocks(self.index, namespace, blocks, self.max_block_bytes)
         stored = existing = 0
         placed: list[Entry] = []
         for b in blocks:
@@ -331,8 +284,8 @@ class Engine:
                 continue
             if self._pending_free(BlockKey(namespace, b.block_hash)):
                 continue  # its deleted copy is still being read; store it next time
-            meta = self._meta(namespace, b, xxhash.xxh3_64_intdigest(b.payload), session_id, wl)
-            target = self.policy.admit(self._info(meta), self.clock())
+            meta = new_meta(namespace, b, xxhash.xxh3_64_intdigest(b.payload), session_id, wl)
+            target = self.policy.admit(block_info(meta), self.clock())
             if target is None:
                 continue
             entry = await self._store(meta, b.payload, target)

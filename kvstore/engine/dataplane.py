@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 import xxhash
 
-from kvstore.engine.core import Engine, NewBlock
+from kvstore.engine.blocks import NewBlock, check_size, new_meta
+from kvstore.engine.core import Engine
 from kvstore.engine.index import Entry
 from kvstore.engine.leases import Lease, Reservation
 from kvstore.errors import BadDescriptor, BlockNotFound, DataCorruption, InvalidBlock, TierFull
@@ -51,7 +52,7 @@ class SlotPlane:
         eng = self.engine
         eng.index.check_hashes(namespace, [h for h, _ in items])
         for h, size in items:
-            eng._check_size(h, size)
+            check_size(h, size, eng.max_block_bytes)
         now = eng.clock()
         out: list[Slot | None] = []
         try:
@@ -109,7 +110,7 @@ class SlotPlane:
                 self.slots.abort(r.slot)  # a concurrent writer won; keep the first copy
                 continue
             view = self.slots.view(r.slot)
-            meta = eng._meta(namespace, NewBlock(b.block_hash, b.parent_hash, b.token_ids, view),
+            meta = new_meta(namespace, NewBlock(b.block_hash, b.parent_hash, b.token_ids, view),
                              xxhash.xxh3_64_intdigest(view), session_id, wl)
             self.slots.commit(r.slot, meta)
             entry = eng._stored(meta, self.tier.name)

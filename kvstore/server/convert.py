@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
-from kvstore.engine.core import NewBlock
+from kvstore.engine.blocks import NewBlock
 from kvstore.errors import InvalidBlock
 from kvstore.tiers.base import Slot
 from kvstore.types import BlockMeta, Medium

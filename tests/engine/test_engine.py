@@ -7,7 +7,8 @@ import pytest
 from kvstore.policies import Hint, Move, TierSpec
 from kvstore.policies.lru import LRUPolicy
 
-from kvstore.engine.core import Engine, NewBlock
+from kvstore.engine.blocks import NewBlock
+from kvstore.engine.core import Engine
 from kvstore.engine.dataplane import SlotPlane
 from kvstore.errors import LeaseExpired, TierFull, UnknownReservation
 from kvstore.events import RecordingSink

@@ -1,0 +1,64 @@
+"""Blocks as the engine receives them: validation and metadata."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvstore.engine.index import Index
+from kvstore.errors import InvalidBlock, PayloadTooLarge
+from kvstore.policies import BlockInfo
+from kvstore.types import BlockKey, BlockMeta, Workload, check_hash
+
+__all__ = ["NewBlock", "block_info", "check_blocks", "check_size", "new_meta"]
+
+
+@dataclass(frozen=True, slots=True)
+class NewBlock:
+    """A block to store, as the servicer hands it over (payload inline or in a slot)."""
+
+    block_hash: bytes
+    parent_hash: bytes | None
+    token_ids: tuple[int, ...]
+    payload: bytes | memoryview
+
+
+def check_size(block_hash: bytes, size: int, max_bytes: int) -> None:
+    if size == 0:
+        raise InvalidBlock(f"block {block_hash.hex()[:16]}: payload is empty")
+    if size > max_bytes:
+        raise PayloadTooLarge(
+            f"block {block_hash.hex()[:16]}: payload of {size} bytes exceeds "
+            f"server.max_block_bytes = {max_bytes}"
+        )
+
+
+def check_blocks(index: Index, namespace: str, blocks: Sequence[NewBlock], max_bytes: int
+                 ) -> None:
+    """Hash lengths (and one length per namespace), parent hashes, payload sizes."""
+    index.check_hashes(namespace, [b.block_hash for b in blocks])
+    for b in blocks:
+        if b.parent_hash:
+            check_hash(b.parent_hash, "parent_hash")
+        check_size(b.block_hash, len(b.payload), max_bytes)
+
+
+def block_info(meta: BlockMeta) -> BlockInfo:
+    """What a policy may know of a stored block."""
+    return BlockInfo(
+        key=meta.key, size=meta.size, parent=(
+            BlockKey(meta.key.namespace, meta.parent_hash) if meta.parent_hash else None),
+        session_id=meta.session_id, workload=meta.workload.value,
+        num_tokens=len(meta.token_ids),
+    )
+
+
+def new_meta(namespace: str, b: NewBlock, checksum: int, session: str,
+             workload: Workload) -> BlockMeta:
+    return BlockMeta(
+        key=BlockKey(namespace, bytes(b.block_hash)),
+        parent_hash=bytes(b.parent_hash) if b.parent_hash else None,
+        token_ids=tuple(b.token_ids), size=len(b.payload), checksum=checksum,
+        session_id=session, workload=workload, created_at=time.time(),
+    )
