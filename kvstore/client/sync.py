@@ -100,17 +100,17 @@ class KVStoreClient:
         pending: Callable[[], int] = lambda: 0  # noqa: E731
         resv = self._reserve(namespace, todo[0]) if todo else None
         for i, batch in enumerate(todo):
-            if resv is None:  # did not fit while earlier slots were held: go one by one
+            nxt = todo[i + 1] if i + 1 < len(todo) else None
+            if resv is None:  # did not fit while earlier slots were held: settle, then halve
                 stored += pending()
                 pending = lambda: 0  # noqa: E731
                 stored += self._put_small(namespace, batch, sid, wl)
-            else:
-                slots, headers = self._write(batch, resv)
-                resv = self._reserve(namespace, todo[i + 1]) if i + 1 < len(todo) else None
-                stored += pending()
-                pending = self._commit(namespace, slots, headers, sid, wl)
+                resv = self._reserve(namespace, nxt) if nxt else None
                 continue
-            resv = self._reserve(namespace, todo[i + 1]) if i + 1 < len(todo) else None
+            written = self._write(batch, resv)
+            resv = self._reserve(namespace, nxt) if nxt else None
+            stored += pending()
+            pending = self._commit(namespace, *written, sid, wl)
         return stored + pending()
 
     def _reserve(self, namespace: str, blocks: Sequence[BlockData]) -> pb.ReserveResponse | None:

@@ -24,12 +24,12 @@ from kvstore.engine.mover import Mover, Transfer
 from kvstore.engine.stats import EngineStats
 from kvstore.errors import (
     BlockNotFound,
-    BlockTooLargeForTier,
     DataCorruption,
     TierFull,
 )
 from kvstore.events import EventSink, NullSink
 from kvstore.policies import BlockInfo, Hint, Move, Policy
+from kvstore.tiers._common import check_size
 from kvstore.tiers.base import SlotTier, Tier
 from kvstore.types import BlockKey, BlockMeta, Medium, Workload
 
@@ -138,11 +138,7 @@ class Engine:
     async def make_room(self, tier_name: str, size: int) -> None:
         """Evict (demoting where the policy says) until ``size`` bytes fit in the tier."""
         tier = self.tiers[tier_name]
-        if size > tier.capacity_bytes:
-            raise BlockTooLargeForTier(
-                f"a block of {size} bytes can never fit tier {tier_name!r} "
-                f"(capacity {tier.capacity_bytes} bytes)"
-            )
+        check_size(tier_name, tier.capacity_bytes, size)  # BlockTooLargeForTier
         for _ in range(_MAX_EVICTION_ROUNDS):
             if tier.can_fit(size):
                 return
