@@ -26,10 +26,10 @@ Between turns a hint re-classes the session's blocks, so a block waiting on a
 fast tool is held as long as that tool's return calls for, and per (workload,
 tool) return times are learned from when sessions actually come back. With
 more than one tier, a user turn whose expected gap is long moves the session's
-private blocks one tier down (offload); a session end drops them; a victim is
-demoted while its hold time in the next tier runs (or it would only displace a
-block that expires sooner there) and that tier beats recompute under the cost
-model.
+private blocks one tier down (offload); a session end drops them; a victim
+goes one tier down if that tier beats recompute under the cost model and its
+class comes back at all, its hold time there still runs, or it would only
+displace a block there that expires sooner.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class WorkloadPolicy(Policy):
                  short_blocks: int = 8, long_blocks: int = 32, keep_gap_s: float = 30.0,
                  history: int = 1 << 20, lam0: float = 1e-3, solve_s: float = 20.0,
                  fill: float = 0.6, eta: float = 0.003, smoothing: float = 20.0,
-                 adj_floor: float = 1.0) -> None:
+                 adj_floor: float = 1.0, min_p_demote: float = 0.02) -> None:
         super().__init__(tiers)
         self.cost = cost or CostModel()
         self.short_blocks = short_blocks
@@ -108,6 +108,7 @@ class WorkloadPolicy(Policy):
         self.fill = fill
         self.eta = eta
         self.adj_floor = adj_floor
+        self.min_p_demote = min_p_demote
         self.model = HoldModel(_coarse, smoothing=smoothing)
         #: Session return times after a hint, per (workload, event or tool).
         self.turns = ReturnModel()
@@ -369,9 +370,10 @@ class WorkloadPolicy(Policy):
         return self._place_for(self._cls(info, 1, 0, None), info.size, now)
 
     def demote_to(self, key: Hashable, tier: str, now: float) -> str | None:
-        """The next tier, while the victim's hold there runs or it would only displace
-        a block that expires sooner; ``None`` past the last tier or into one that loses
-        to recompute."""
+        """The next tier, if the victim's class comes back at all (``min_p_demote`` of
+        its lifetimes), its hold there still runs, or it would only displace a block
+        there that expires sooner; ``None`` past the last tier or into a tier that
+        loses to recompute."""
         i = self._order[tier] + 1
         if i >= len(self.tiers):
             return None
@@ -379,6 +381,9 @@ class WorkloadPolicy(Policy):
         h = self._hist.get(key)
         if h is None or not self._worth[nxt]:
             return None
+        started, back = self.model.observations(h[0])
+        if back >= self.min_p_demote * max(started, 1):
+            return nxt
         expiry = h[1] + self.hold(h[0], nxt, now)
         return nxt if expiry > now or self._earliest(self._t[nxt]) < expiry else None
 
@@ -391,7 +396,6 @@ class WorkloadPolicy(Policy):
         self._state.move_to_end(session)
         turn_cls = (hint.workload, state)
         if hint.event != "session_end":
-            self.turns.start(turn_cls)
             self._waiting[session] = (turn_cls, now)
         else:
             self._waiting.pop(session, None)

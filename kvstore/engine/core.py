@@ -69,7 +69,8 @@ class Engine:
         #: Keys being copied between tiers (a count: several copies may overlap).
         self._in_flight: Counter[BlockKey] = Counter()
         #: Deleted while protected: (key, tier) whose bytes are freed by sweep().
-        self._deferred_free: list[tuple[BlockKey, str]] = []
+        #: Deleted blocks still being read or copied: key -> tiers whose bytes to free.
+        self._deferred_free: dict[BlockKey, set[str]] = {}
         #: (key, dst tier) -> completion of the copy running now
         self._copies: dict[tuple[BlockKey, str], asyncio.Future[None]] = {}
         self._medium = {name: t.medium for name, t in self.tiers.items()}
@@ -111,14 +112,14 @@ class Engine:
         """Expire leases and reservations; free deleted blocks nobody holds any more
         (called periodically by the server)."""
         now = self.clock()
-        keep = []
-        for key, tier_name in self._deferred_free:
-            entry = self.index.get(key)
+        for key, tier_names in list(self._deferred_free.items()):
             if self.is_protected(key):
-                keep.append((key, tier_name))
-            elif entry is None or tier_name not in entry.tiers:
-                await self.tiers[tier_name].delete(key)
-        self._deferred_free = keep
+                continue
+            del self._deferred_free[key]
+            entry = self.index.get(key)
+            for tier_name in tier_names:
+                if entry is None or tier_name not in entry.tiers:
+                    await self.tiers[tier_name].delete(key)
         self.leases.expire_leases(now)
         for r in self.leases.expired_reservations(now):
             tier = self.tiers[r.tier].unwrap()
@@ -130,7 +131,7 @@ class Engine:
         return set(self.leases.pins) | set(self._in_flight) | self.leases.reserved_keys()
 
     def _pending_free(self, key: BlockKey) -> bool:
-        return any(k == key for k, _ in self._deferred_free)
+        return key in self._deferred_free
 
     def is_protected(self, key: BlockKey) -> bool:
         return key in self.leases.pins or key in self._in_flight
@@ -394,7 +395,7 @@ class Engine:
                 self.events.block_removed([entry.key], self.tiers[tier_name].medium)
                 if self.is_protected(entry.key):
                     # Being read or copied: free the bytes once it is let go (sweep).
-                    self._deferred_free.append((entry.key, tier_name))
+                    self._deferred_free.setdefault(entry.key, set()).add(tier_name)
                 else:
                     to_free.append((entry.key, tier_name))
         for key, tier_name in to_free:

@@ -22,14 +22,14 @@ def write_json(results: Sequence[ReplayResult], belady: Mapping[int, float],
 
 
 def format_table(results: Sequence[ReplayResult], belady: Mapping[int, float]) -> str:
-    tiers = list(results[0].tiers) if results else []
+    tiers = list(dict.fromkeys(t for r in results for t in r.tiers))  # every run's tiers
     head = ["policy", *[f"{t} blocks" for t in tiers], "hit rate",
             *[f"from {t}" for t in tiers], "GB moved", "prefill s saved"]
     rows = [head]
     for r in results:
         rows.append([
-            r.policy, *[str(r.tiers[t]) for t in tiers], f"{100 * r.hit_rate:.2f}%",
-            *[f"{100 * r.hit_rate_by_tier[t]:.2f}%" for t in tiers],
+            r.policy, *[str(r.tiers.get(t, 0)) for t in tiers], f"{100 * r.hit_rate:.2f}%",
+            *[f"{100 * r.hit_rate_by_tier.get(t, 0.0):.2f}%" for t in tiers],
             f"{sum(r.bytes_moved.values()) / 1e9:.1f}", f"{r.prefill_s_saved:.0f}",
         ])
     for cap, hr in sorted(belady.items()):
