@@ -141,9 +141,14 @@ class HoldModel:
             gaps += s.total[i] + a * p.total[i]
             x, y = gaps + t * max(n - hits, 0.0), hits
             if x <= xs[-1]:
-                if y > ys[-1]:  # no more space for more hits: replaces the last point
-                    xs[-1], ys[-1] = x, y
-                continue
+                if y <= ys[-1]:
+                    continue
+                xs.pop()  # more hits for no more space: dominates the last point
+                ys.pop()
+                if not xs:
+                    xs.append(x)
+                    ys.append(y)
+                    continue
             while len(xs) >= 2 and ((ys[-1] - ys[-2]) * (x - xs[-1])
                                     <= (y - ys[-1]) * (xs[-1] - xs[-2])):
                 xs.pop()

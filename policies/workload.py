@@ -27,9 +27,9 @@ fast tool is held as long as that tool's return calls for, and per (workload,
 tool) return times are learned from when sessions actually come back. With
 more than one tier, a user turn whose expected gap is long moves the session's
 private blocks one tier down (offload); a session end drops them; a victim
-goes one tier down if that tier beats recompute under the cost model and its
-class comes back at all, its hold time there still runs, or it would only
-displace a block there that expires sooner.
+goes one tier down if that tier beats recompute under the cost model and it
+has room, the victim's class comes back at all, its hold time there still
+runs, or it would only displace a block there that expires sooner.
 """
 
 from __future__ import annotations
@@ -370,10 +370,10 @@ class WorkloadPolicy(Policy):
         return self._place_for(self._cls(info, 1, 0, None), info.size, now)
 
     def demote_to(self, key: Hashable, tier: str, now: float) -> str | None:
-        """The next tier, if the victim's class comes back at all (``min_p_demote`` of
-        its lifetimes), its hold there still runs, or it would only displace a block
-        there that expires sooner; ``None`` past the last tier or into a tier that
-        loses to recompute."""
+        """The next tier, if it has room, the victim's class comes back at all
+        (``min_p_demote`` of its lifetimes), its hold there still runs, or it would
+        only displace a block there that expires sooner; ``None`` past the last tier
+        or into a tier that loses to recompute."""
         i = self._order[tier] + 1
         if i >= len(self.tiers):
             return None
@@ -384,8 +384,11 @@ class WorkloadPolicy(Policy):
         started, back = self.model.observations(h[0])
         if back >= self.min_p_demote * max(started, 1):
             return nxt
+        nt = self._t[nxt]
+        if nt.used + self._block <= nt.capacity:
+            return nxt  # room costs nothing
         expiry = h[1] + self.hold(h[0], nxt, now)
-        return nxt if expiry > now or self._earliest(self._t[nxt]) < expiry else None
+        return nxt if expiry > now or self._earliest(nt) < expiry else None
 
     def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:
         session = hint.session_id

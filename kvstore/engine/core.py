@@ -68,7 +68,6 @@ class Engine:
         self.mover = Mover(self.run_transfer)
         #: Keys being copied between tiers (a count: several copies may overlap).
         self._in_flight: Counter[BlockKey] = Counter()
-        #: Deleted while protected: (key, tier) whose bytes are freed by sweep().
         #: Deleted blocks still being read or copied: key -> tiers whose bytes to free.
         self._deferred_free: dict[BlockKey, set[str]] = {}
         #: (key, dst tier) -> completion of the copy running now
