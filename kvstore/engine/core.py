@@ -129,7 +129,9 @@ class Engine:
     def protected(self) -> set[Hashable]:
         return set(self.leases.pins) | set(self._in_flight) | self.leases.reserved_keys()
 
-    def _pending_free(self, key: BlockKey) -> bool:
+    def free_pending(self, key: BlockKey) -> bool:
+        """True while a deleted copy of ``key`` is still being read: storing it again
+        now would race the deferred free, so writers skip it this time."""
         return key in self._deferred_free
 
     def is_protected(self, key: BlockKey) -> bool:
@@ -166,7 +168,7 @@ class Engine:
         dst = self.policy.demote_to(key, tier_name, now)
         if dst is not None and dst not in entry.tiers:
             try:
-                await self._copy(entry, tier_name, dst)
+                await self.copy(entry, tier_name, dst)
             except Exception as exc:  # a failed demotion degrades to a drop
                 log.warning("demotion of %s to %s failed, dropping: %s", key, dst, exc)
         if key in self._in_flight:
@@ -187,7 +189,7 @@ class Engine:
         self.events.block_stored([meta], self.tiers[tier_name].medium)
         return entry
 
-    async def _copy(self, entry: Entry, src: str, dst: str) -> None:
+    async def copy(self, entry: Entry, src: str, dst: str) -> None:
         """Copy a block into ``dst`` (no-op if it is there); concurrent copies of one
         block to one tier share a single transfer."""
         key = entry.key
@@ -242,7 +244,7 @@ class Engine:
         if not t.keep_src and t.key in self.leases.pins:
             return  # being read: a move away would pull it from under the reader
         if t.dst is not None and t.dst not in entry.tiers:
-            await self._copy(entry, t.src, t.dst)
+            await self.copy(entry, t.src, t.dst)
         if not t.keep_src and self.index.get(t.key) is not None:
             await self._drop(t.key, t.src)
 
@@ -258,6 +260,14 @@ class Engine:
             for src in srcs:
                 n += self.mover.submit(Transfer(m.key, src, m.dst, reason=reason))
         return n
+
+    def written_in_place(self, meta: BlockMeta, tier_name: str) -> Entry:
+        """Record a block whose bytes a client already wrote into ``tier_name`` (a
+        shared-memory slot): index it, tell the policy and the event stream, and queue
+        its write-back, as :meth:`put` does for the bytes it stores itself."""
+        entry = self._stored(meta, tier_name)
+        self._after_store(entry)
+        return entry
 
     def _after_store(self, entry: Entry) -> None:
         if self.write_back:
@@ -278,7 +288,7 @@ class Engine:
             if self.index.get_hash(namespace, b.block_hash) is not None:
                 existing += 1
                 continue
-            if self._pending_free(BlockKey(namespace, b.block_hash)):
+            if self.free_pending(BlockKey(namespace, b.block_hash)):
                 continue  # its deleted copy is still being read; store it next time
             meta = new_meta(namespace, b, xxhash.xxh3_64_intdigest(b.payload), session_id, wl)
             target = self.policy.admit(block_info(meta), self.clock())

@@ -58,7 +58,7 @@ class SlotPlane:
         try:
             for h, size in items:
                 if (eng.index.get_hash(namespace, h) is not None
-                        or eng._pending_free(BlockKey(namespace, h))):
+                        or eng.free_pending(BlockKey(namespace, h))):
                     out.append(None)
                     continue
                 await eng.make_room(self.tier.name, size)
@@ -113,8 +113,7 @@ class SlotPlane:
             meta = new_meta(namespace, NewBlock(b.block_hash, b.parent_hash, b.token_ids, view),
                              xxhash.xxh3_64_intdigest(view), session_id, wl)
             self.slots.commit(r.slot, meta)
-            entry = eng._stored(meta, self.tier.name)
-            eng._after_store(entry)
+            entry = eng.written_in_place(meta, self.tier.name)
             placed.append(entry)
             stored += 1
             eng.stats.bytes_in += meta.size
@@ -158,7 +157,7 @@ class SlotPlane:
         entry = eng.index.get_hash(namespace, h)
         if entry is not None and name not in entry.tiers:
             try:
-                await eng._copy(entry, entry.tiers[0], name)  # promote for the read
+                await eng.copy(entry, entry.tiers[0], name)  # promote for the read
             except (TierFull, DataCorruption, BlockNotFound) as exc:
                 log.info("could not promote %s for a read: %s", entry.key, exc)
             entry = eng.index.get_hash(namespace, h)
