@@ -133,6 +133,35 @@ def block_from_pb(h: pb.BlockHeader, payload: bytes) -> BlockData:
     return BlockData(h.block_hash, h.parent_hash or None, tuple(h.token_ids), payload)
 
 
+def read_acquired(resp: pb.AcquireResponse, segments: SegmentCache, sink: BlockSink,
+                  base: int) -> tuple[list[int], list[int]]:
+    """Hand each block an Acquire placed in shared memory to ``sink`` (while the lease
+    holds). Returns the payload sizes (0: missing) and the indices of blocks stored but
+    not in shared memory now, to be read over gRPC (:func:`fill_overflow`)."""
+    sizes: list[int] = []
+    overflow: list[int] = []
+    for i, (d, h) in enumerate(zip(resp.slots, resp.headers, strict=True)):
+        if not d.length:
+            sizes.append(0)
+            if h.block_hash:
+                overflow.append(i)
+            continue
+        region = segments.region(d)
+        try:
+            sizes.append(sink(base + i, h, region))
+        finally:
+            region.release()
+    return sizes, overflow
+
+
+def fill_overflow(sizes: list[int], overflow: Sequence[int],
+                  blocks: Sequence[BlockData | None], sink: BlockSink, base: int) -> None:
+    """Hand the blocks read over gRPC for ``overflow`` to ``sink``, updating ``sizes``."""
+    for i, blk in zip(overflow, blocks, strict=True):
+        if blk is not None:
+            sizes[i] = sink(base + i, header(blk, len(blk.payload)), blk.payload)
+
+
 def translate(exc: grpc.RpcError, address: str) -> KVStoreError:
     """A grpc error as our exception, keeping the server's class when it sent one."""
     code = exc.code() if hasattr(exc, "code") else None

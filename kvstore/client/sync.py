@@ -20,8 +20,10 @@ from kvstore.client._common import (
     batches,
     block_from_pb,
     copy_into,
+    fill_overflow,
     header,
     put_requests,
+    read_acquired,
     translate,
 )
 from kvstore.errors import InvalidArgument, KVStoreError, LeaseExpired, TierFull
@@ -229,19 +231,7 @@ class KVStoreClient:
         while the lease holds. Returns payload sizes (0 = missing)."""
         resp = self._call(self._stub.Acquire,
                           pb.AcquireRequest(namespace=namespace, block_hashes=hashes))
-        sizes: list[int] = []
-        overflow: list[int] = []  # stored, but not in shared memory now: read over gRPC
-        for i, (d, h) in enumerate(zip(resp.slots, resp.headers, strict=True)):
-            if not d.length:
-                sizes.append(0)
-                if h.block_hash:
-                    overflow.append(i)
-                continue
-            region = self._segments.region(d)
-            try:
-                sizes.append(sink(base + i, h, region))
-            finally:
-                region.release()
+        sizes, overflow = read_acquired(resp, self._segments, sink, base)
         try:
             self._call(self._stub.Release, pb.ReleaseRequest(lease_id=resp.lease_id))
         except LeaseExpired:
@@ -251,9 +241,7 @@ class KVStoreClient:
             return self._read_shm(namespace, hashes, sink, base, retries - 1)
         if overflow:
             rest = self._get_grpc(namespace, [hashes[i] for i in overflow])
-            for i, blk in zip(overflow, rest, strict=True):
-                if blk is not None:
-                    sizes[i] = sink(base + i, header(blk, len(blk.payload)), blk.payload)
+            fill_overflow(sizes, overflow, rest, sink, base)
         return sizes
 
     def delete(self, namespace: str, hashes: Sequence[bytes] = ()) -> int:
