@@ -41,6 +41,10 @@ class _Stats:
         self.at = 0.0  # when
 
 
+#: (hold times, block-seconds per lifetime, hits per lifetime, lifetimes seen / counted)
+_Hull = tuple[list[float], list[float], list[float], float]
+
+
 class HoldModel:
     """Per-class return counts on :data:`GRID`, turned into hold times at a price."""
 
@@ -108,33 +112,19 @@ class HoldModel:
             s.at = now
         return s.hold
 
-    def _best(self, s: _Stats, p: _Stats | None, lam: float) -> tuple[float, float]:
+    def _best(self, s: _Stats, p: _Stats, lam: float) -> tuple[float, float]:
         """(hold time, block-seconds per lifetime started) maximising hits - lam * space."""
-        a = self.smoothing / (p.n + 1.0) if p is not None and self.smoothing else 0.0
-        n = s.n + self.prior + (a * p.n if a and p is not None else 0.0)
-        best = 0.0
-        hold = 0.0
-        space = 0.0
-        hits = 0.0
-        gaps = 0.0
-        for i, t in enumerate(GRID):
-            hits += s.cnt[i]
-            gaps += s.total[i]
-            if a and p is not None:
-                hits += a * p.cnt[i]
-                gaps += a * p.total[i]
-            sp = gaps + t * max(n - hits, 0.0)
-            v = hits - lam * sp
-            if v > best:
-                best, hold, space = v, t, sp
-        return hold, space * s.n / n
+        ts, xs, ys, scale = self._hull(s, p)
+        j = self._pick(xs, ys, lam)
+        return ts[j], xs[j] * scale
 
-    def _hull(self, s: _Stats, p: _Stats) -> tuple[list[float], list[float], float]:
-        """The (space, hits) points per lifetime on GRID that can maximise
-        hits - lam * space for some lam > 0 (the upper hull from (0, 0)), and s.n / n."""
+    def _hull(self, s: _Stats, p: _Stats) -> _Hull:
+        """The hold times whose (space, hits) per lifetime can maximise hits - lam * space
+        for some lam > 0 (the upper hull from (0, 0)), with those points, and s.n / n.
+        Sparse classes are topped up with ``smoothing`` pseudo-lifetimes from ``p``."""
         a = self.smoothing / (p.n + 1.0) if self.smoothing else 0.0
         n = s.n + self.prior + a * p.n
-        xs, ys = [0.0], [0.0]
+        ts, xs, ys = [0.0], [0.0], [0.0]
         hits = gaps = 0.0
         for i, t in enumerate(GRID):
             hits += s.cnt[i] + a * p.cnt[i]
@@ -143,49 +133,42 @@ class HoldModel:
             if x <= xs[-1]:
                 if y <= ys[-1]:
                     continue
-                xs.pop()  # more hits for no more space: dominates the last point
-                ys.pop()
-                if not xs:
-                    xs.append(x)
-                    ys.append(y)
-                    continue
-            while len(xs) >= 2 and ((ys[-1] - ys[-2]) * (x - xs[-1])
-                                    <= (y - ys[-1]) * (xs[-1] - xs[-2])):
+                ts.pop()  # more hits for no more space: dominates the last point
                 xs.pop()
                 ys.pop()
+            while len(xs) >= 2 and ((ys[-1] - ys[-2]) * (x - xs[-1])
+                                    <= (y - ys[-1]) * (xs[-1] - xs[-2])):
+                ts.pop()
+                xs.pop()
+                ys.pop()
+            ts.append(t)
             xs.append(x)
             ys.append(y)
-        return xs, ys, s.n / n
-
-    def demand(self, lam: float) -> float:
-        """Block-seconds all classes would hold at price ``lam``, over the lifetimes seen."""
-        return self._demand(self._hulls(), lam)
-
-    def _hulls(self) -> list[tuple[list[float], list[float], float]]:
-        parents = self._parents
-        coarse = self._coarse
-        return [self._hull(s, parents[coarse(c)]) for c, s in self._fine.items()]
+        return ts, xs, ys, s.n / n
 
     @staticmethod
-    def _demand(hulls: list[tuple[list[float], list[float], float]], lam: float) -> float:
-        total = 0.0
-        for xs, ys, scale in hulls:
-            j = 0
-            last = len(xs) - 1
-            while j < last and ys[j + 1] - ys[j] > lam * (xs[j + 1] - xs[j]):
-                j += 1
-            total += xs[j] * scale
-        return total
+    def _pick(xs: list[float], ys: list[float], lam: float) -> int:
+        """Index of the hull point maximising hits - lam * space (the first, on ties)."""
+        j = 0
+        last = len(xs) - 1
+        while j < last and ys[j + 1] - ys[j] > lam * (xs[j + 1] - xs[j]):
+            j += 1
+        return j
+
+    def _demand(self, lam: float, hulls: list[_Hull]) -> float:
+        """Block-seconds all classes would hold at price ``lam``, over the lifetimes seen."""
+        return sum(xs[self._pick(xs, ys, lam)] * scale for _, xs, ys, scale in hulls)
 
     def solve(self, lam: float, blocks: float, elapsed_s: float, steps: int = 14,
               span: float = 30.0) -> float:
         """The price near ``lam`` at which the demand fits ``blocks`` cache slots."""
         target = blocks * max(elapsed_s, 1.0)
-        hulls = self._hulls()
+        parents = self._parents
+        hulls = [self._hull(st, parents[self._coarse(c)]) for c, st in self._fine.items()]
         lo, hi = lam / span, lam * span
         for _ in range(steps):
             mid = (lo * hi) ** 0.5
-            if self._demand(hulls, mid) > target:
+            if self._demand(mid, hulls) > target:
                 lo = mid
             else:
                 hi = mid

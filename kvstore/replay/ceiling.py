@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from kvstore.policies.cost import CostModel
 from kvstore.policies.workload import WorkloadPolicy
+from kvstore.replay.cli import block_counts
 from kvstore.replay.sim import DEFAULT_BANDWIDTH, ReplayResult, Simulator, TierBudget, tier_specs
 from kvstore.replay.trace import Request, TraceError, load_trace
 
@@ -43,12 +44,10 @@ def in_sample(requests: Sequence[Request], budget: Sequence[TierBudget],
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from kvstore.replay.cli import _ints  # the replay CLI's capacity-list parser
-
     p = argparse.ArgumentParser(prog="python -m kvstore.replay.ceiling", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", help="Mooncake JSONL trace (.gz or not)")
-    p.add_argument("--hbm-blocks", type=_ints, default=[1000], metavar="N[,N...]")
+    p.add_argument("--hbm-blocks", type=block_counts, default=[1000], metavar="N[,N...]")
     args = p.parse_args(argv)
     try:
         requests = load_trace(args.trace)

@@ -19,10 +19,10 @@ from kvstore.replay.results import format_table, plot_hit_rates, write_json
 from kvstore.replay.sim import DEFAULT_BANDWIDTH, ReplayResult, Simulator, TierBudget, tier_specs
 from kvstore.replay.trace import Request, TraceError, dump_trace, load_trace
 
-__all__ = ["add_parser", "main", "run"]
+__all__ = ["add_parser", "block_counts", "main", "run"]
 
 
-def _ints(text: str) -> list[int]:
+def block_counts(text: str) -> list[int]:
     try:
         vals = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -45,9 +45,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", action="append", default=None,
                    help=f"policy name, repeatable (default lru); one of "
                         f"{', '.join(policies.available())}")
-    p.add_argument("--hbm-blocks", type=_ints, default=[1000], metavar="N[,N...]")
-    p.add_argument("--dram-blocks", type=_ints, default=[0], metavar="N[,N...]")
-    p.add_argument("--disk-blocks", type=_ints, default=[0], metavar="N[,N...]")
+    p.add_argument("--hbm-blocks", type=block_counts, default=[1000], metavar="N[,N...]")
+    p.add_argument("--dram-blocks", type=block_counts, default=[0], metavar="N[,N...]")
+    p.add_argument("--disk-blocks", type=block_counts, default=[0], metavar="N[,N...]")
     p.add_argument("--prefill-tps", type=float, default=CostModel().prefill_tokens_per_s,
                    help="prefill tokens/s of the cost model (default %(default)s)")
     p.add_argument("--belady", action="store_true",

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tests.vllm.sidecar_proc import Sidecar  # noqa: E402
-from tests.vllm_model import VLLM_ENV, build_tiny_llama  # noqa: E402
+from tests.vllm_model import VLLM_ENV, build_tiny_llama, make_llm  # noqa: E402
 
 os.environ.update(VLLM_ENV)
 
@@ -50,32 +50,6 @@ BENCH_LLAMA: dict[str, Any] = {
     "num_key_value_heads": 4,
     "max_position_embeddings": 16384,
 }
-
-
-def make_llm(model_dir: Path, block_size: int, max_len: int, address: str | None) -> Any:
-    from vllm import LLM
-    from vllm.config import KVTransferConfig
-
-    kwargs: dict[str, Any] = {}
-    if address is not None:
-        kwargs["kv_transfer_config"] = KVTransferConfig(
-            kv_connector="KVStoreConnector",
-            kv_connector_module_path="kvstore.connectors.vllm",
-            kv_role="kv_both",
-            kv_load_failure_policy="recompute",
-            kv_connector_extra_config={"address": address, "timeout_s": 30.0},
-        )
-    return LLM(
-        model=str(model_dir),
-        tokenizer=str(model_dir),
-        block_size=block_size,
-        max_model_len=max_len,
-        max_num_seqs=1,
-        enforce_eager=True,
-        dtype="float32",
-        seed=0,
-        **kwargs,
-    )
 
 
 def ttft(llm: Any, tokens: list[int], max_tokens: int = 1) -> tuple[float, dict[str, Any]]:
@@ -110,7 +84,8 @@ def main() -> None:
     warm = [rng.randrange(3, 512) for _ in range(200)]
     rows: dict[int, dict[str, Any]] = {n: {"tokens": n} for n in args.tokens}
 
-    llm = make_llm(model_dir, args.block_size, max_len, None)
+    llm = make_llm(model_dir, None, block_size=args.block_size, max_model_len=max_len,
+                   max_num_seqs=1)
     ttft(llm, warm)
     for n, p in prompts.items():
         runs = []
@@ -122,7 +97,8 @@ def main() -> None:
     close(llm)
 
     with Sidecar(args.kvstore_bin, work / "bench-sidecar") as sidecar:
-        llm = make_llm(model_dir, args.block_size, max_len, sidecar.address)
+        llm = make_llm(model_dir, sidecar.address, block_size=args.block_size,
+                       max_model_len=max_len, max_num_seqs=1, timeout_s=30.0)
         ttft(llm, warm)
         for n, p in prompts.items():
             llm.reset_prefix_cache()

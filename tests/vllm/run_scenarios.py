@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tests.vllm.sidecar_proc import Sidecar  # noqa: E402
-from tests.vllm_model import VLLM_ENV, build_tiny_llama  # noqa: E402
+from tests.vllm_model import VLLM_ENV, build_tiny_llama, make_llm  # noqa: E402
 
 os.environ.update(VLLM_ENV)
 
@@ -61,35 +61,9 @@ T2_USER = prompt(12, 70)
 T3_USER = prompt(13, 45)
 
 
-def make_llm(model_dir: Path, address: str | None) -> Any:
-    from vllm import LLM
-    from vllm.config import KVTransferConfig
-
-    kwargs: dict[str, Any] = {}
-    if address is not None:
-        kwargs["kv_transfer_config"] = KVTransferConfig(
-            kv_connector="KVStoreConnector",
-            kv_connector_module_path="kvstore.connectors.vllm",
-            kv_role="kv_both",
-            kv_load_failure_policy="recompute",
-            kv_connector_extra_config={
-                "address": address,
-                "timeout_s": 2.0,
-                "retry_interval_s": 1.0,
-                "hold_max_ms": 1500,
-            },
-        )
-    return LLM(
-        model=str(model_dir),
-        tokenizer=str(model_dir),
-        block_size=BLOCK,
-        max_model_len=2048,
-        max_num_seqs=4,
-        enforce_eager=True,
-        dtype="float32",
-        seed=0,
-        **kwargs,
-    )
+def scenario_llm(model_dir: Path, address: str | None) -> Any:
+    return make_llm(model_dir, address, block_size=BLOCK, max_model_len=2048, max_num_seqs=4,
+                    timeout_s=2.0, retry_interval_s=1.0, hold_max_ms=1500)
 
 
 def run(
@@ -197,7 +171,7 @@ def main() -> None:
     t0 = time.monotonic()
 
     # ---- engine 0: reference, no connector
-    llm = make_llm(model_dir, None)
+    llm = scenario_llm(model_dir, None)
     timings["engine0_start"] = time.monotonic() - t0
     ref: dict[str, Any] = {}
     for name, p in {"P1": P1, "P3": P3, "P4": P4}.items():
@@ -216,7 +190,7 @@ def main() -> None:
     try:
         # ---- engine 1: connector
         t1 = time.monotonic()
-        llm = make_llm(model_dir, addr)
+        llm = scenario_llm(model_dir, addr)
         timings["engine1_start"] = time.monotonic() - t1
         store = run(llm, [P1])[0]
         stats_after_store = stats(addr)
@@ -269,7 +243,7 @@ def main() -> None:
 
         # ---- engine 2: a fresh engine on the same sidecar
         t2 = time.monotonic()
-        llm = make_llm(model_dir, addr)
+        llm = scenario_llm(model_dir, addr)
         timings["engine2_start"] = time.monotonic() - t2
         first = run(llm, [P4])[0]
         result["second_engine"] = {"first": first, "stats": stats(addr)}
