@@ -45,7 +45,7 @@ from kvstore.policies.cost import CostModel
 from kvstore.policies.holdtime import HoldModel
 from kvstore.policies.returns import ReturnModel
 
-__all__ = ["WorkloadPolicy"]
+__all__ = ["Cls", "WorkloadPolicy"]
 
 #: (workload, session's last turn event, partial block, request length bucket, uses
 #: bucket, head block, share of the request's prefix seen before in quarters,
