@@ -34,12 +34,10 @@ runs, or it would only displace a block there that expires sooner.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections import OrderedDict
-from collections.abc import Container, Hashable, Iterator, Sequence
+from collections.abc import Container, Hashable, Sequence
 
-from kvstore.policies._prefix import ChildIndex
+from kvstore.policies._expiry import ExpiryLedger
 from kvstore.policies.base import BlockInfo, Hint, Move, Policy, TierSpec
 from kvstore.policies.cost import CostModel
 from kvstore.policies.holdtime import HoldModel
@@ -69,20 +67,13 @@ def _coarse(cls: Hashable) -> Hashable:
     return cls[:6] if isinstance(cls, tuple) else cls
 
 
-class _Tier:
-    __slots__ = ("adj", "base", "capacity", "expiry", "heap", "index", "lam", "meta", "parent",
-                 "pending", "used")
+class _Tier(ExpiryLedger):
+    """A tier's blocks by expiry (``meta``: class, last use, size) and its price."""
+
+    __slots__ = ("adj", "base", "lam")
 
     def __init__(self, capacity: int, lam: float) -> None:
-        self.capacity = capacity
-        self.used = 0
-        self.meta: dict[Hashable, tuple[Cls, float, int]] = {}  # cls, last use, size
-        self.expiry: dict[Hashable, float] = {}
-        self.heap: list[tuple[float, int, Hashable]] = []  # (expiry, seq, key), lazy
-        self.parent: dict[Hashable, Hashable | None] = {}
-        #: Expiry a cached child asks of a parent not stored yet (same request).
-        self.pending: dict[Hashable, float] = {}
-        self.index = ChildIndex()
+        super().__init__(capacity)
         #: Price of a block-second in this tier: a base (solved from demand in the top
         #: tier) times a correction learned from evictions.
         self.base = lam
@@ -121,7 +112,6 @@ class WorkloadPolicy(Policy):
         self._seen: dict[str, int] = {}  # session -> seen-prefix quarters of its last request
         self._worth = {t.name: self.cost.worth_loading(t) for t in tiers}
         self._allow: dict[Hashable, str] = {}  # missing keys of the request -> tier
-        self._seq = itertools.count()
         self._first: float | None = None
         self._solved = 0.0
         self._block = self.cost.block_bytes
@@ -229,14 +219,6 @@ class WorkloadPolicy(Policy):
                 return t.name
         return None
 
-    @staticmethod
-    def _earliest(tr: _Tier) -> float:
-        """The earliest expiry in ``tr`` (inf when empty); drops stale heap entries."""
-        heap = tr.heap
-        while heap and tr.expiry.get(heap[0][2]) != heap[0][0]:
-            heapq.heappop(heap)
-        return heap[0][0] if heap else float("inf")
-
     def _tick(self, now: float, size: int) -> None:
         """Re-price the tiers. A tier worth loading from is priced as part of a pool
         with the faster tiers: its base price is the one at which the classes' demand
@@ -261,32 +243,13 @@ class WorkloadPolicy(Policy):
                 if solve:
                     blocks = self.fill * pool / self._block
                     tr.base = min(max(self.model.solve(tr.base, blocks, elapsed), 1e-6), 1.0)
-            if tr.used + 4 * self._block <= tr.capacity or self._earliest(tr) <= now:
+            if tr.used + 4 * self._block <= tr.capacity or tr.earliest() <= now:
                 # Room or expired blocks: cheaper. A solved price is only ever raised
                 # (its demand already counts every class; the misses are overfills).
                 tr.adj = max(tr.adj * (1.0 - self.eta), self.adj_floor if solved else 0.0)
             tr.lam = tr.base * tr.adj
         if solve:
             self._solved = now
-
-    def _expire(self, tr: _Tier, key: Hashable, cls: Cls, last: float, tier: str,
-                now: float) -> None:
-        """Set ``key``'s expiry; cached ancestors live at least as long."""
-        e = last + self.hold(cls, tier, now)
-        e = max(e, tr.pending.pop(key, e))
-        tr.expiry[key] = e
-        heapq.heappush(tr.heap, (e, next(self._seq), key))
-        p = tr.parent.get(key)
-        while p is not None and p in tr.expiry:
-            if tr.expiry[p] >= e:
-                return
-            tr.expiry[p] = e
-            heapq.heappush(tr.heap, (e, next(self._seq), p))
-            p = tr.parent.get(p)
-        if p is not None and tr.pending.get(p, e - 1.0) < e:
-            tr.pending[p] = e
-            if len(tr.pending) > 4096:
-                tr.pending.clear()
 
     def _reclass(self, key: Hashable, tier: str, now: float) -> None:
         tr = self._t[tier]
@@ -295,7 +258,7 @@ class WorkloadPolicy(Policy):
         if old is None or h is None:
             return
         tr.meta[key] = (h[0], now, old[2])
-        self._expire(tr, key, h[0], now, tier, now)
+        tr.set_expiry(key, now + self.hold(h[0], tier, now))
 
     def on_insert(self, info: BlockInfo, tier: str, now: float) -> None:
         tr = self._t[tier]
@@ -304,11 +267,7 @@ class WorkloadPolicy(Policy):
         h = self._hist.get(info.key)
         cls = h[0] if h is not None else self._begin(info.key, info, now, 0)
         last = h[1] if h is not None else now
-        tr.meta[info.key] = (cls, last, info.size)
-        tr.used += info.size
-        tr.parent[info.key] = info.parent
-        tr.index.add(info.key, info.parent, info.size)
-        self._expire(tr, info.key, cls, last, tier, now)
+        tr.add(info.key, info.parent, (cls, last, info.size), last + self.hold(cls, tier, now))
 
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         tr = self._t[tier]
@@ -318,46 +277,21 @@ class WorkloadPolicy(Policy):
         h = self._hist.get(key)
         cls = h[0] if h is not None else m[0]
         tr.meta[key] = (cls, now, m[2])
-        self._expire(tr, key, cls, now, tier, now)
+        tr.set_expiry(key, now + self.hold(cls, tier, now))
 
     def on_remove(self, key: Hashable, tier: str) -> None:
-        tr = self._t[tier]
-        m = tr.meta.pop(key, None)
-        if m is None:
-            return
-        tr.used -= m[2]
-        tr.expiry.pop(key, None)
-        tr.parent.pop(key, None)
-        tr.pending.pop(key, None)
-        tr.index.remove(key)
+        self._t[tier].remove(key)
 
     def evict(
         self, tier: str, nbytes: int, protected: Container[Hashable], now: float
     ) -> list[Hashable] | None:
         tr = self._t[tier]
-        popped: list[tuple[float, int, Hashable]] = []
-        victims = tr.index.take(self._candidates(tr, popped), nbytes, protected)
-        chosen = set(victims or ())
-        for entry in popped:
-            if entry[2] not in chosen:
-                heapq.heappush(tr.heap, entry)
-        if victims and tr.expiry.get(victims[0], now) > now:
+        victims = tr.take(nbytes, protected)
+        if victims and tr.expiry(victims[0], now) > now:
             # evicting blocks still in their hold time: a block-second is dearer
             tr.adj *= 1.0 + self.eta
             tr.lam = tr.base * tr.adj
         return victims
-
-    def _candidates(self, tr: _Tier, popped: list[tuple[float, int, Hashable]]
-                    ) -> Iterator[tuple[Hashable, int]]:
-        """Blocks in expiry order (the heap is lazy: stale entries are dropped)."""
-        heap = tr.heap
-        while heap:
-            entry = heapq.heappop(heap)
-            key = entry[2]
-            if tr.expiry.get(key) != entry[0]:
-                continue
-            popped.append(entry)
-            yield key, tr.meta[key][2]
 
     # -- placement ----------------------------------------------------------------
     def admit(self, info: BlockInfo, now: float) -> str | None:
@@ -388,7 +322,7 @@ class WorkloadPolicy(Policy):
         if nt.used + self._block <= nt.capacity:
             return nxt  # room costs nothing
         expiry = h[1] + self.hold(h[0], nxt, now)
-        return nxt if expiry > now or self._earliest(nt) < expiry else None
+        return nxt if expiry > now or nt.earliest() < expiry else None
 
     def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:
         session = hint.session_id
