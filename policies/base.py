@@ -70,7 +70,11 @@ class BlockInfo:
 
 @dataclass(frozen=True, slots=True)
 class Hint:
-    """A turn or session event. ``event`` is one of :data:`Hint.EVENTS`."""
+    """A turn or session event. ``event`` is one of :data:`Hint.EVENTS`: ``turn_end``
+    (the model answered; the session waits on its user), ``tool_call`` (it waits on
+    ``tool``), ``tool_result`` (the tool returned) and ``user`` (the user is back): its
+    next request is imminent, ``session_start``, ``session_end`` (its private blocks
+    may go). ``expected_gap_s``: how long until the session's next request, if known."""
 
     EVENTS: ClassVar[tuple[str, ...]] = (
         "turn_end",

@@ -26,7 +26,11 @@ Between turns a hint re-classes the session's blocks, so a block waiting on a
 fast tool is held as long as that tool's return calls for, and per (workload,
 tool) return times are learned from when sessions actually come back. With
 more than one tier, a user turn whose expected gap is long moves the session's
-private blocks one tier down (offload); a session end drops them; a victim
+private blocks one tier down (offload); a session end drops them; a hint that
+the session is about to send again (``tool_result``, ``user``,
+``session_start``) prefetches its blocks in slower tiers into the fastest one,
+and ends the wait the previous hint started (that is when the tool or user came
+back). A victim
 goes one tier down if that tier beats recompute under the cost model and it
 has room, the victim's class comes back at all, its hold time there still
 runs, or it would only displace a block there that expires sooner.
@@ -51,6 +55,10 @@ __all__ = ["Cls", "WorkloadPolicy"]
 Cls = tuple[str, str, bool, int, int, bool, int, int]
 
 _GAPS = (60.0, 120.0, 240.0, 600.0)
+
+#: Hints that say the session is about to send again (the tool returned, the user
+#: is back, a session starts): its blocks in slower tiers are prefetched up.
+_BACK = frozenset({"tool_result", "user", "session_start"})
 
 
 def _gap_bucket(gap: float | None) -> int:
@@ -332,6 +340,10 @@ class WorkloadPolicy(Policy):
         self._state[session] = state
         self._state.move_to_end(session)
         turn_cls = (hint.workload, state)
+        if hint.event in _BACK:
+            waited = self._waiting.pop(session, None)
+            if waited is not None:  # the wait the last hint started is over
+                self.turns.returned(waited[0], now - waited[1])
         if hint.event != "session_end":
             self._waiting[session] = (turn_cls, now)
         else:
@@ -354,11 +366,13 @@ class WorkloadPolicy(Policy):
                 moves.append(Move(key, tier, None))
         if hint.event == "session_end" or len(self.tiers) < 2:
             return moves
+        top = self.tiers[0].name
+        if hint.event in _BACK:
+            return [Move(k, t, top) for k, t in keys if t != top]
         gap = hint.expected_gap_s
         if gap is None:
             gap = self.expected_gap(hint.workload, hint.event, hint.tool)
         if gap is not None and gap > self.keep_gap_s:
-            top = self.tiers[0].name
             lower = next((t.name for t in self.tiers[1:] if self._worth[t.name]), None)
             if lower is not None:
                 moves.extend(Move(k, top, lower) for k, t in keys

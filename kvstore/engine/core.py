@@ -56,6 +56,7 @@ class Engine:
             raise ValueError("the engine needs at least one tier")
         self.tiers: dict[str, Tier] = {t.name: t for t in tiers}
         self.order = [t.name for t in tiers]
+        self._rank = {name: i for i, name in enumerate(self.order)}
         self.policy = policy
         self.events: EventSink = events or NullSink()
         self.clock = clock
@@ -250,15 +251,18 @@ class Engine:
 
     def _schedule(self, moves: Sequence[Move], reason: str) -> int:
         """Queue the policy's moves. A drop (``dst=None``) drops every copy: with
-        write-back a block may sit in several tiers, and the policy sees the fastest."""
+        write-back a block may sit in several tiers, and the policy sees the fastest.
+        A move up (a prefetch) keeps the slower copy, as write-back would make it."""
         n = 0
+        rank = self._rank
         for m in moves:
             if not isinstance(m.key, BlockKey):
                 continue
             entry = self.index.get(m.key)
             srcs = list(entry.tiers) if (m.dst is None and entry is not None) else [m.src]
             for src in srcs:
-                n += self.mover.submit(Transfer(m.key, src, m.dst, reason=reason))
+                up = m.dst is not None and rank.get(m.dst, len(rank)) < rank.get(src, -1)
+                n += self.mover.submit(Transfer(m.key, src, m.dst, keep_src=up, reason=reason))
         return n
 
     def written_in_place(self, meta: BlockMeta, tier_name: str) -> Entry:

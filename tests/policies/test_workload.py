@@ -89,3 +89,20 @@ def test_demotion_skips_a_tier_that_loses_to_recompute() -> None:
     assert pol.demote_to(3, "hbm", 1.0) is None
     info = BlockInfo(9, B, None, "a", "chat", 512, 1)
     assert pol.admit(info, 1.0) == "hbm"
+
+
+def test_a_hint_that_the_session_is_back_prefetches_its_slower_blocks() -> None:
+    pol = WorkloadPolicy(THREE, keep_gap_s=30.0)
+    request(pol, [1, 5, 6, 7], "a", 0.0, "agent")
+    pol.on_hint(Hint("a", "tool_call", "agent", tool="build", expected_gap_s=300.0),
+                [(5, "hbm"), (6, "hbm"), (7, "hbm")], 1.0)
+    assert pol.expected_gap("agent", "tool_call", "build") is None
+    held = [(1, "hbm"), (5, "dram"), (6, "disk"), (7, "dram")]
+    for event in ("tool_result", "user", "session_start"):
+        moves = pol.on_hint(Hint("a", event, "agent"), held, 120.0)
+        assert {(m.key, m.src, m.dst) for m in moves} == {
+            (5, "dram", "hbm"), (6, "disk", "hbm"), (7, "dram", "hbm")}, event
+    # the tool came back 119 s after it was called (half-octave bins: 90-128 s)
+    assert pol.expected_gap("agent", "tool_call", "build") == 128.0
+    assert pol.on_hint(Hint("a", "tool_result", "agent"), [(k, "hbm") for k in (5, 6)],
+                       121.0) == []

@@ -51,3 +51,28 @@ def test_hints_offload_prefetch_and_drop(server_factory):
         assert c.lookup("m", hashes).num_hit == 0
         st = c.stats()
         assert st.blocks == 3 and st.tier("disk").blocks == 3
+
+
+def test_a_tool_result_hint_prefetches_the_session_before_its_next_request(server_factory):
+    srv = server_factory(engine={"policy": "workload"}, dram={"capacity": "4MiB"},
+                         disk={"capacity": "64MiB"})
+    mine = make_chain(5, 64 * KiB, seed=3)
+    hashes = [b.block_hash for b in mine]
+    with KVStoreClient(srv.address) as c:
+        c.put("m", mine, session_id="agent-1", workload="agent")
+        srv.drain()
+        # A long build: the session's blocks leave DRAM for disk while the tool runs.
+        assert c.hint("agent-1", "tool_call", workload="agent", tool="build",
+                      expected_gap_ms=300_000) == 5
+        srv.drain()
+        st = c.stats()  # (a lookup now would prefetch the prefix itself)
+        assert st.tier("dram").blocks == 0 and st.tier("disk").blocks == 5
+        # The build is done: the next request is coming, so the prefix comes up now,
+        # before any lookup, and the disk copies stay (a prefetch keeps the slower copy).
+        assert c.hint("agent-1", "tool_result", workload="agent") == 5
+        srv.drain()
+        assert c.lookup("m", hashes).media == (Medium.CPU,) * 5
+        st = c.stats()
+        assert st.tier("dram").blocks == 5 and st.tier("disk").blocks == 5
+        got = c.get("m", hashes)
+        assert [g.payload for g in got if g] == [b.payload for b in mine]
