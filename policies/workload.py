@@ -28,12 +28,11 @@ tool) return times are learned from when sessions actually come back. With
 more than one tier, a user turn whose expected gap is long moves the session's
 private blocks one tier down (offload); a session end drops them; a hint that
 the session is about to send again (``tool_result``, ``user``,
-``session_start``) prefetches its blocks in slower tiers into the fastest one,
-and ends the wait the previous hint started (that is when the tool or user came
-back). A victim
-goes one tier down if that tier beats recompute under the cost model and it
-has room, the victim's class comes back at all, its hold time there still
-runs, or it would only displace a block there that expires sooner.
+``session_start``) prefetches its blocks in slower tiers into the fastest one
+and ends the wait the previous hint started (the tool or user is back then).
+A victim goes one tier down if that tier beats recompute under the cost model
+and it has room, the victim's class comes back at all, its hold time there
+still runs, or it would only displace a block there that expires sooner.
 """
 
 from __future__ import annotations
