@@ -205,7 +205,7 @@ class WorkloadPolicy(Policy):
             cls = self._begin(k, binfo, now, j)
             t = hit_tiers[j]
             if t is not None:
-                if k in self._t[t].meta:
+                if k in self._t[t]:
                     self._reclass(k, t, now)
                 continue
             if chain:
@@ -269,7 +269,7 @@ class WorkloadPolicy(Policy):
 
     def on_insert(self, info: BlockInfo, tier: str, now: float) -> None:
         tr = self._t[tier]
-        if info.key in tr.meta:
+        if info.key in tr:
             return
         h = self._hist.get(info.key)
         cls = h[0] if h is not None else self._begin(info.key, info, now, 0)

@@ -106,12 +106,6 @@ def build_tiny_llama(
     return out
 
 
-if __name__ == "__main__":
-    import sys
-
-    print(build_tiny_llama(sys.argv[1] if len(sys.argv) > 1 else "/tmp/tiny-llama"))
-
-
 def make_llm(model_dir: Path, address: str | None, *, block_size: int, max_model_len: int,
              max_num_seqs: int, **connector: Any) -> Any:
     """An offline ``vllm.LLM`` on ``model_dir``; with ``address``, loading and saving KV
@@ -131,3 +125,10 @@ def make_llm(model_dir: Path, address: str | None, *, block_size: int, max_model
     return LLM(model=str(model_dir), tokenizer=str(model_dir), block_size=block_size,
                max_model_len=max_model_len, max_num_seqs=max_num_seqs, enforce_eager=True,
                dtype="float32", seed=0, **kwargs)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(build_tiny_llama(sys.argv[1] if len(sys.argv) > 1 else "/tmp/tiny-llama"))
+

@@ -11,7 +11,7 @@ from kvstore.errors import InvalidBlock, PayloadTooLarge
 from kvstore.policies import BlockInfo
 from kvstore.types import BlockKey, BlockMeta, Workload, check_hash
 
-__all__ = ["NewBlock", "block_info", "check_blocks", "check_size", "new_meta"]
+__all__ = ["NewBlock", "block_info", "check_blocks", "check_payload", "new_meta"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +24,8 @@ class NewBlock:
     payload: bytes | memoryview
 
 
-def check_size(block_hash: bytes, size: int, max_bytes: int) -> None:
+def check_payload(block_hash: bytes, size: int, max_bytes: int) -> None:
+    """A payload is neither empty nor over ``server.max_block_bytes``."""
     if size == 0:
         raise InvalidBlock(f"block {block_hash.hex()[:16]}: payload is empty")
     if size > max_bytes:
@@ -41,7 +42,7 @@ def check_blocks(index: Index, namespace: str, blocks: Sequence[NewBlock], max_b
     for b in blocks:
         if b.parent_hash:
             check_hash(b.parent_hash, "parent_hash")
-        check_size(b.block_hash, len(b.payload), max_bytes)
+        check_payload(b.block_hash, len(b.payload), max_bytes)
 
 
 def block_info(meta: BlockMeta) -> BlockInfo:

@@ -275,7 +275,7 @@ class Engine:
 
     def _after_store(self, entry: Entry) -> None:
         if self.write_back:
-            i = self.order.index(entry.tiers[0]) + 1
+            i = self._rank[entry.tiers[0]] + 1
             if i < len(self.order):
                 self.mover.submit(Transfer(entry.key, entry.tiers[0], self.order[i],
                                            keep_src=True, reason="write-back"))

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import xxhash
 
-from kvstore.engine.blocks import NewBlock, check_size, new_meta
+from kvstore.engine.blocks import NewBlock, check_payload, new_meta
 from kvstore.engine.core import Engine
 from kvstore.engine.index import Entry
 from kvstore.engine.leases import Lease, Reservation
@@ -52,7 +52,7 @@ class SlotPlane:
         eng = self.engine
         eng.index.check_hashes(namespace, [h for h, _ in items])
         for h, size in items:
-            check_size(h, size, eng.max_block_bytes)
+            check_payload(h, size, eng.max_block_bytes)
         now = eng.clock()
         out: list[Slot | None] = []
         try:

@@ -6,8 +6,7 @@ With ``bypass=True`` a missed block needed later than every cached one is not
 stored at all: the optimum for caches that may refuse admission, and so the
 bound for policies that do (``workload`` does). The published figures for the
 conversation trace are the classic form (``bypass=False``). Blocks are counted,
-not bytes. Needs the whole future, so it
-lives here and never among the policies.
+not bytes. Needs the whole future, so it lives here and never among the policies.
 """
 
 from __future__ import annotations
