@@ -17,7 +17,7 @@ from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 from kvstore.errors import BadDescriptor, InvalidArgument, KVStoreError, Unavailable
 from kvstore.types import BlockData, Medium
 
-__all__ = ["LookupResult", "SegmentCache", "Stats", "batches", "translate"]
+__all__ = ["LookupResult", "SegmentCache", "Stats", "batches", "tags", "translate"]
 
 _MEDIA = {pb.MEDIUM_GPU: Medium.GPU, pb.MEDIUM_CPU: Medium.CPU, pb.MEDIUM_DISK: Medium.DISK,
           pb.MEDIUM_REMOTE: Medium.REMOTE}
@@ -122,11 +122,18 @@ def batches(blocks: Sequence[BlockData], max_bytes: int = BATCH_BYTES
         yield blocks[start:]
 
 
-def put_requests(namespace: str, blocks: Sequence[BlockData], session_id: str,
-                 workload: str) -> Iterator[pb.PutRequest]:
+def tags(session_id: str | None, workload: str | None, request_id: str | None
+         ) -> dict[str, str]:
+    """The request fields Put, Reserve and Commit carry alike."""
+    return {"session_id": session_id or "", "workload": workload or "",
+            "request_id": request_id or ""}
+
+
+def put_requests(namespace: str, blocks: Sequence[BlockData], tags: dict[str, str]
+                 ) -> Iterator[pb.PutRequest]:
     for batch in batches(blocks, GRPC_MESSAGE_BYTES):
         yield pb.PutRequest(
-            namespace=namespace, session_id=session_id, workload=workload,
+            namespace=namespace, **tags,
             blocks=[pb.Block(header=header(b, len(b.payload)), payload=bytes(b.payload))
                     for b in batch])
 

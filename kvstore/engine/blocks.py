@@ -22,6 +22,9 @@ class NewBlock:
     parent_hash: bytes | None
     token_ids: tuple[int, ...]
     payload: bytes | memoryview
+    #: Tokens in the block when no token ids are given (a trace replay); else
+    #: ``len(token_ids)``.
+    num_tokens: int = 0
 
 
 def check_payload(block_hash: bytes, size: int, max_bytes: int) -> None:
@@ -46,20 +49,19 @@ def check_blocks(index: Index, namespace: str, blocks: Sequence[NewBlock], max_b
 
 
 def block_info(meta: BlockMeta) -> BlockInfo:
-    """What a policy may know of a stored block."""
+    """What a policy may know of a stored block (its session scoped by namespace)."""
+    ns = meta.key.namespace
     return BlockInfo(
-        key=meta.key, size=meta.size, parent=(
-            BlockKey(meta.key.namespace, meta.parent_hash) if meta.parent_hash else None),
-        session_id=meta.session_id, workload=meta.workload.value,
-        num_tokens=len(meta.token_ids),
-    )
+        meta.key, meta.size, BlockKey(ns, meta.parent_hash) if meta.parent_hash else None,
+        f"{ns}|{meta.session_id}" if meta.session_id else "", meta.workload.value,
+        meta.num_tokens)
 
 
 def new_meta(namespace: str, b: NewBlock, checksum: int, session: str,
              workload: Workload) -> BlockMeta:
+    tokens = tuple(b.token_ids)
     return BlockMeta(
-        key=BlockKey(namespace, bytes(b.block_hash)),
-        parent_hash=bytes(b.parent_hash) if b.parent_hash else None,
-        token_ids=tuple(b.token_ids), size=len(b.payload), checksum=checksum,
-        session_id=session, workload=workload, created_at=time.time(),
-    )
+        BlockKey(namespace, bytes(b.block_hash)),
+        bytes(b.parent_hash) if b.parent_hash else None,
+        tokens, len(b.payload), checksum, session, workload, time.time(),
+        len(tokens) or b.num_tokens)

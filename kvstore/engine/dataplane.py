@@ -47,25 +47,36 @@ class SlotPlane:
         return self.slots.segments()
 
     async def reserve(self, namespace: str, items: Sequence[tuple[bytes, int]],
-                      owner: str = "") -> list[Slot | None]:
-        """Slots for clients to write; ``None`` for blocks already stored. The
-        reservations belong to ``owner`` (the caller's identity)."""
+                      owner: str = "", session_id: str = "", workload: str = "",
+                      request_id: str = "") -> list[Slot | None]:
+        """Slots for clients to write; ``None`` for blocks not to write: already
+        stored, or refused by the policy's plan for their request. The reservations
+        belong to ``owner`` (the caller's identity)."""
         eng = self.engine
-        eng.check_hashes(namespace, [h for h, _ in items], unique=True)
+        hashes = eng.check_hashes(namespace, [h for h, _ in items], unique=True)
+        wl = Workload.parse(workload).value
         for h, size in items:
             check_payload(h, size, eng.max_block_bytes)
         now = eng.clock()
+        fresh = [i for i, h in enumerate(hashes) if eng.index.get_hash(namespace, h) is None
+                 and not eng.free_pending(BlockKey(namespace, h))]
+        targets = eng.plan_admissions(namespace, [hashes[i] for i in fresh], 0, session_id, wl,
+                                      request_id, now,
+                                      max((items[i][1] for i in fresh), default=0))
+        target_of = dict(zip(fresh, targets, strict=True))
+        protect = eng.request_keys(namespace, hashes, request_id)
         out: list[Slot | None] = []
         try:
-            for h, size in items:
-                if (eng.index.get_hash(namespace, h) is not None
-                        or eng.free_pending(BlockKey(namespace, h))):
+            for i, (h, size) in enumerate(items):
+                target = target_of.get(i)
+                if target is None:
                     out.append(None)
                     continue
-                await eng.make_room(self.tier.name, size)
+                await eng.make_room(self.tier.name, size, protect)
                 new = self.slots.reserve(size)
                 eng.leases.add_reservation(Reservation(
-                    BlockKey(namespace, h), new, self.tier.name, now + eng.lease_seconds, owner))
+                    BlockKey(namespace, h), new, self.tier.name, now + eng.lease_seconds, owner,
+                    target))
                 out.append(new)
         except BaseException:  # all or nothing: free what this call reserved
             for slot in out:
@@ -79,9 +90,11 @@ class SlotPlane:
         return self.slots.view(slot)
 
     async def commit(self, namespace: str, items: Sequence[tuple[Slot, NewBlock]],
-                     session_id: str = "", workload: str = "", owner: str = "") -> int:
+                     session_id: str = "", workload: str = "", owner: str = "",
+                     request_id: str = "") -> int:
         """Commit written slots: ``items`` are (descriptor as reserved, block; its payload
-        is ignored: the bytes are read from the slot)."""
+        is ignored: the bytes are read from the slot). A block the plan put in another
+        tier is copied there from its slot, and the slot freed."""
         eng = self.engine
         wl = Workload.parse(workload)
         eng.check_hashes(namespace, [b.block_hash for _, b in items], unique=True)
@@ -115,10 +128,17 @@ class SlotPlane:
                 self.slots.abort(r.slot)  # a concurrent writer won; keep the first copy
                 continue
             view = self.slots.view(r.slot)
+            sid = eng.meta_session(namespace, session_id, request_id)
             meta = new_meta(namespace, NewBlock(b.block_hash, b.parent_hash, b.token_ids, view),
-                             xxhash.xxh3_64_intdigest(view), session_id, wl)
-            self.slots.commit(r.slot, meta)
-            entry = eng.written_in_place(meta, self.tier.name)
+                             xxhash.xxh3_64_intdigest(view), sid, wl)
+            if r.target != self.tier.name and r.target is not None:
+                try:
+                    entry = await eng.store_copy(meta, view, r.target, request_id)
+                finally:
+                    self.slots.abort(r.slot)
+            else:
+                self.slots.commit(r.slot, meta)
+                entry = eng.written_in_place(meta, self.tier.name)
             placed.append(entry)
             stored += 1
             eng.stats.bytes_in += meta.size

@@ -40,8 +40,6 @@ class Index:
         self._ns: dict[str, _Namespace] = {}
         #: blocks per tier, kept as locations change (stats never scan the index)
         self.tier_blocks: dict[str, int] = dict.fromkeys(tier_order, 0)
-        #: session id -> its blocks (hints act on a session without scanning)
-        self._sessions: dict[str, dict[BlockKey, Entry]] = {}
 
     # -- validation -------------------------------------------------------------
     def check_hashes(self, namespace: str, hashes: list[bytes], *, create: bool = False) -> None:
@@ -87,12 +85,6 @@ class Index:
         ns = self._ns.get(namespace)
         return ns.blocks if ns is not None else _EMPTY
 
-    def session_entries(self, session_id: str) -> list[Entry]:
-        return list(self._sessions.get(session_id, {}).values())
-
-    def sessions(self) -> int:
-        return len(self._sessions)
-
     def namespaces(self) -> list[str]:
         return list(self._ns)
 
@@ -113,8 +105,6 @@ class Index:
         entry = ns.blocks.get(meta.key.block_hash)
         if entry is None:
             entry = ns.blocks[meta.key.block_hash] = Entry(meta)
-            if meta.session_id:
-                self._sessions.setdefault(meta.session_id, {})[meta.key] = entry
         if tier not in entry.tiers:
             entry.tiers.append(tier)
             entry.tiers.sort(key=self._rank.__getitem__)
@@ -132,11 +122,6 @@ class Index:
             self.tier_blocks[tier] -= 1
         if not entry.tiers and ns is not None:
             del ns.blocks[key.block_hash]
-            sid = entry.meta.session_id
-            if sid and sid in self._sessions:
-                self._sessions[sid].pop(key, None)
-                if not self._sessions[sid]:
-                    del self._sessions[sid]
             if not ns.blocks:
                 del self._ns[key.namespace]
         return entry

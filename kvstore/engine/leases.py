@@ -54,6 +54,9 @@ class Reservation:
     tier: str
     deadline: float
     owner: str = ""
+    #: Where the block goes on commit (the policy's plan): this slot's tier, or
+    #: another one it is copied to.
+    target: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,8 @@ class Leases:
 
     def __init__(self) -> None:
         self._reservations: dict[int, Reservation] = {}
+        #: Keys with a live reservation (a count: two clients may reserve one key).
+        self.reserved: Counter[Hashable] = Counter()
         self._quarantine: list[tuple[float, Reservation]] = []
         self._leases: dict[int, Lease] = {}
         self._expired_leases: set[int] = set()
@@ -90,6 +95,12 @@ class Leases:
     # -- reservations -------------------------------------------------------------
     def add_reservation(self, r: Reservation) -> None:
         self._reservations[r.slot.slot_id] = r
+        self.reserved[r.key] += 1
+
+    def _unreserve(self, r: Reservation) -> None:
+        self.reserved[r.key] -= 1
+        if self.reserved[r.key] <= 0:
+            del self.reserved[r.key]
 
     def take_reservation(self, slot_id: int, now: float, owner: str = "") -> Reservation:
         r = self._reservations.pop(slot_id, None)
@@ -108,6 +119,7 @@ class Leases:
                 f"the reservation of slot {slot_id} expired {now - r.deadline:.1f} s ago; "
                 "reserve again and write within the lease"
             )
+        self._unreserve(r)
         return r
 
     def expire_reservations(self, now: float, quarantine_s: float) -> list[Reservation]:
@@ -115,6 +127,7 @@ class Leases:
         over (their slots may be freed now)."""
         for r in [r for r in self._reservations.values() if r.deadline < now]:
             del self._reservations[r.slot.slot_id]
+            self._unreserve(r)
             self._quarantine.append((now + quarantine_s, r))
         done = [r for until, r in self._quarantine if until <= now]
         if done:

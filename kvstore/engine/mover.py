@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container, Hashable
 from dataclasses import dataclass
 
 from kvstore.errors import ResourceExhausted
@@ -33,6 +33,8 @@ class Transfer:
     dst: str | None
     keep_src: bool = False
     reason: str = ""
+    #: Keys the copy must not evict to make room (a prefetch: its request's blocks).
+    protect: Container[Hashable] = ()
 
 
 class Mover:

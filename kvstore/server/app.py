@@ -19,9 +19,10 @@ from grpc_reflection.v1alpha import reflection
 from kvstore import policies
 from kvstore._proto.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from kvstore.config import Config, build_section
-from kvstore.engine.core import Engine
+from kvstore.engine.core import Engine, tier_specs
 from kvstore.errors import ConfigError
 from kvstore.metrics import TimedTier, make_registry
+from kvstore.policies.cost import CostModel
 from kvstore.server.servicer import KVStoreServicer
 from kvstore.tiers.base import Tier
 
@@ -30,11 +31,6 @@ __all__ = ["KVStoreServer", "build_tiers"]
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name
-
-#: Read bandwidth per tier for the cost model (bytes/s), measured on this class
-#: of machine: shared-memory reads ~15 GB/s, local NVMe ~2 GB/s.
-_READ_BW = {"dram": 15e9, "disk": 2e9, "hbm": 1000e9}
-
 
 def build_tiers(cfg: Config) -> list[Tier]:
     tiers: list[Tier] = []
@@ -136,12 +132,14 @@ class KVStoreServer:
             for t in tiers:
                 await t.close()
             raise
-        policy = policies.create(cfg.engine.policy, [
-            policies.TierSpec(t.name, t.capacity_bytes, _READ_BW.get(t.name, 1e9))
-            for t in tiers])
+        # The cost model: the served model's prefill speed from config, the tiers'
+        # bandwidths from the table the replay uses too, block sizes measured per
+        # namespace from what is stored.
+        cost = CostModel(prefill_tokens_per_s=cfg.engine.prefill_tokens_per_s)
+        policy = policies.create(cfg.engine.policy, tier_specs(tiers), cost=cost)
         srv = cfg.server
         self.engine = Engine(
-            tiers, policy, self.events, lease_seconds=srv.lease_seconds,
+            tiers, policy, self.events, cost=cost, lease_seconds=srv.lease_seconds,
             max_block_bytes=srv.max_block_bytes, write_back=cfg.engine.write_back,
             max_hashes=srv.max_hashes_per_call, max_block_tokens=srv.max_block_tokens,
             max_lease_seconds=srv.max_lease_seconds,

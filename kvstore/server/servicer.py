@@ -102,7 +102,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     @_unary
     async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
         media = self.engine.lookup(request.namespace, list(request.block_hashes),
-                                   request.session_id, request.workload)
+                                   request.session_id, request.workload,
+                                   request_id=request.request_id,
+                                   num_tokens=request.num_tokens)
         return pb.LookupResponse(num_hit=len(media), media=[MEDIUM_TO_PB[m] for m in media])
 
     @_unary
@@ -118,7 +120,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             async for req in request_iterator:
                 blocks = [new_block(b.header, b.payload) for b in req.blocks]
                 s, e = await self.engine.put(req.namespace, blocks, req.session_id,
-                                             req.workload)
+                                             req.workload, request_id=req.request_id)
                 stored += s
                 existing += e
             return pb.PutResponse(stored=stored, existing=existing)
@@ -154,7 +156,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 f"Reserve: {len(request.sizes)} sizes but {len(request.block_hashes)} hashes")
         slots = await self._plane().reserve(
             request.namespace, list(zip(request.block_hashes, request.sizes, strict=True)),
-            owner=_owner(context))
+            owner=_owner(context), session_id=request.session_id, workload=request.workload,
+            request_id=request.request_id)
         return pb.ReserveResponse(
             slots=[slot_to_pb(s, h) if s else pb.SlotDescriptor()
                    for s, h in zip(slots, request.block_hashes, strict=True)],
@@ -168,7 +171,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         items = [(slot_from_pb(d), new_block(h))
                  for d, h in zip(request.slots, request.headers, strict=True)]
         stored = await self._plane().commit(request.namespace, items, request.session_id,
-                                            request.workload, owner=_owner(context))
+                                            request.workload, owner=_owner(context),
+                                            request_id=request.request_id)
         return pb.CommitResponse(stored=stored)
 
     @_unary
@@ -207,8 +211,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     @_unary
     async def Hint(self, request: pb.HintRequest, context: Any) -> pb.HintResponse:
-        if not request.session_id:
-            raise InvalidArgument("Hint: session_id is required")
+        if not request.request_id and not (request.session_id and request.namespace):
+            raise InvalidArgument(
+                "Hint: give namespace and session_id (sessions are scoped by namespace), "
+                "or the request_id of a request looked up before")
         if request.event not in Hint.EVENTS:
             raise InvalidArgument(
                 f"Hint: unknown event {request.event!r}; valid: {', '.join(Hint.EVENTS)}")
@@ -217,7 +223,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             workload=Workload.parse(request.workload).value, tool=request.tool or None,
             expected_gap_s=(request.expected_gap_ms / 1000.0) if request.expected_gap_ms else None,
         )
-        return pb.HintResponse(moves=self.engine.hint(hint))
+        return pb.HintResponse(moves=self.engine.hint(hint, request.namespace,
+                                                      request.request_id))
 
     @_unary
     async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
@@ -237,7 +244,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             lookups=st.lookups, lookup_hit_blocks=st.lookup_hit_blocks,
             lookup_miss_blocks=st.lookup_miss_blocks, puts=st.puts, gets=st.gets,
             bytes_in=st.bytes_in, bytes_out=st.bytes_out, pending_moves=eng.mover.pending,
-            version=__version__, sessions=eng.index.sessions(),
+            version=__version__, sessions=len(eng.sessions),
             events_published=getattr(self.events, "published", 0) if self.events else 0,
             transfers_failed=eng.mover.failed, transfers_dropped=eng.mover.dropped,
             events_dropped=getattr(self.events, "dropped", 0) if self.events else 0,

@@ -50,9 +50,9 @@ async def test_a_block_leased_while_its_demotion_runs_keeps_its_slot():
     eng = _engine(dram, slow, write_back=False)
     await eng.start()
     plane = SlotPlane(eng, dram)
-    blocks = new_blocks(5)
-    await eng.put("ns", blocks[:4])  # dram full
-    put_e = asyncio.ensure_future(eng.put("ns", blocks[4:]))
+    blocks = new_blocks(4)
+    await eng.put("ns", blocks)  # dram full
+    put_e = asyncio.ensure_future(eng.put("ns", new_blocks(1, seed=5)))  # another chain
     await slow.waiting.wait()  # the victim's demotion copy is in flight
     (victim,) = [b for b in blocks if BlockKey("ns", b.block_hash) == slow.putting[0]]
     lease, found = await plane.acquire("ns", [victim.block_hash])
@@ -157,9 +157,9 @@ async def test_write_back_drops_a_corrupt_source_instead_of_serving_it():
     eng = _engine(dram, disk)  # mover not started: write-backs wait in the queue
     blocks = new_blocks(2)
     await eng.put("ns", blocks)
-    dram.view(dram.locate(BlockKey("ns", blocks[0].block_hash)))[5] ^= 1
+    dram.view(dram.locate(BlockKey("ns", blocks[1].block_hash)))[5] ^= 1
     await eng.mover.run_pending()
-    assert eng.index.get(BlockKey("ns", blocks[0].block_hash)) is None
+    assert eng.index.get(BlockKey("ns", blocks[1].block_hash)) is None
     assert [e.tiers for e in eng.index.entries()] == [["dram", "disk"]]
     assert eng.stats.corrupt_reads == 1
     await eng.close()

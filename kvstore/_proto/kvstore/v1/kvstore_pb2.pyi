@@ -63,16 +63,20 @@ class SlotDescriptor(_message.Message):
     def __init__(self, segment: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., block_hash: _Optional[bytes] = ..., checksum: _Optional[int] = ..., slot_id: _Optional[int] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("namespace", "block_hashes", "session_id", "workload")
+    __slots__ = ("namespace", "block_hashes", "session_id", "workload", "request_id", "num_tokens")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
     session_id: str
     workload: str
-    def __init__(self, namespace: _Optional[str] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ...) -> None: ...
+    request_id: str
+    num_tokens: int
+    def __init__(self, namespace: _Optional[str] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ..., request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
     __slots__ = ("num_hit", "media")
@@ -83,16 +87,18 @@ class LookupResponse(_message.Message):
     def __init__(self, num_hit: _Optional[int] = ..., media: _Optional[_Iterable[_Union[Medium, str]]] = ...) -> None: ...
 
 class PutRequest(_message.Message):
-    __slots__ = ("namespace", "blocks", "session_id", "workload")
+    __slots__ = ("namespace", "blocks", "session_id", "workload", "request_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     blocks: _containers.RepeatedCompositeFieldContainer[Block]
     session_id: str
     workload: str
-    def __init__(self, namespace: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ...) -> None: ...
+    request_id: str
+    def __init__(self, namespace: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class PutResponse(_message.Message):
     __slots__ = ("stored", "existing")
@@ -139,14 +145,20 @@ class SegmentsResponse(_message.Message):
     def __init__(self, segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ..., host_id: _Optional[str] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("namespace", "sizes", "block_hashes")
+    __slots__ = ("namespace", "sizes", "block_hashes", "session_id", "workload", "request_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     sizes: _containers.RepeatedScalarFieldContainer[int]
     block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, namespace: _Optional[str] = ..., sizes: _Optional[_Iterable[int]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    session_id: str
+    workload: str
+    request_id: str
+    def __init__(self, namespace: _Optional[str] = ..., sizes: _Optional[_Iterable[int]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
     __slots__ = ("slots", "lease_seconds")
@@ -157,18 +169,20 @@ class ReserveResponse(_message.Message):
     def __init__(self, slots: _Optional[_Iterable[_Union[SlotDescriptor, _Mapping]]] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("namespace", "slots", "headers", "session_id", "workload")
+    __slots__ = ("namespace", "slots", "headers", "session_id", "workload", "request_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     HEADERS_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     slots: _containers.RepeatedCompositeFieldContainer[SlotDescriptor]
     headers: _containers.RepeatedCompositeFieldContainer[BlockHeader]
     session_id: str
     workload: str
-    def __init__(self, namespace: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotDescriptor, _Mapping]]] = ..., headers: _Optional[_Iterable[_Union[BlockHeader, _Mapping]]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ...) -> None: ...
+    request_id: str
+    def __init__(self, namespace: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotDescriptor, _Mapping]]] = ..., headers: _Optional[_Iterable[_Union[BlockHeader, _Mapping]]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class CommitResponse(_message.Message):
     __slots__ = ("stored",)
@@ -237,20 +251,22 @@ class DeleteResponse(_message.Message):
     def __init__(self, deleted: _Optional[int] = ...) -> None: ...
 
 class HintRequest(_message.Message):
-    __slots__ = ("session_id", "event", "workload", "tool", "expected_gap_ms", "namespace")
+    __slots__ = ("session_id", "event", "workload", "tool", "expected_gap_ms", "namespace", "request_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_GAP_MS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     event: str
     workload: str
     tool: str
     expected_gap_ms: float
     namespace: str
-    def __init__(self, session_id: _Optional[str] = ..., event: _Optional[str] = ..., workload: _Optional[str] = ..., tool: _Optional[str] = ..., expected_gap_ms: _Optional[float] = ..., namespace: _Optional[str] = ...) -> None: ...
+    request_id: str
+    def __init__(self, session_id: _Optional[str] = ..., event: _Optional[str] = ..., workload: _Optional[str] = ..., tool: _Optional[str] = ..., expected_gap_ms: _Optional[float] = ..., namespace: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class HintResponse(_message.Message):
     __slots__ = ("moves",)
