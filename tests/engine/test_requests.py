@@ -18,7 +18,7 @@ from kvstore.errors import InvalidArgument
 from kvstore.tiers.dram import DramTier
 from kvstore.tiers.memory import MemoryTier
 from kvstore.types import BlockKey, Medium
-from tests.engine.test_engine import KiB, Clock, new_blocks
+from tests.engine.test_engine import Clock, KiB, new_blocks
 
 
 class Spy(LRUPolicy):

@@ -33,7 +33,8 @@ def test_hints_offload_prefetch_and_drop(server_factory):
         assert c.stats().tier("disk").blocks == 9
 
         # A human will take ten minutes to reply: s1's blocks leave DRAM, s2's stay.
-        assert c.hint("s1", "turn_end", workload="chat", expected_gap_ms=600_000, namespace="m") >= 6
+        assert c.hint("s1", "turn_end", workload="chat", expected_gap_ms=600_000,
+                      namespace="m") >= 6
         srv.drain()
         assert c.stats().tier("dram").blocks == 3
         assert c.lookup("m", [b.block_hash for b in other]).media == (Medium.CPU,) * 3
