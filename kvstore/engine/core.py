@@ -14,6 +14,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING
 
 import xxhash
 
@@ -26,12 +27,16 @@ from kvstore.errors import (
     BlockNotFound,
     DataCorruption,
     TierFull,
+    Unavailable,
 )
 from kvstore.events import EventSink, NullSink
 from kvstore.policies import BlockInfo, Hint, Move, Policy
 from kvstore.tiers._common import check_size
 from kvstore.tiers.base import SlotTier, Tier
 from kvstore.types import BlockKey, BlockMeta, Medium, Workload
+
+if TYPE_CHECKING:
+    from kvstore.engine.shared import SharedPrefix
 
 __all__ = ["Engine", "NewBlock"]  # NewBlock re-exported from kvstore.engine.blocks
 
@@ -76,6 +81,8 @@ class Engine:
         self._medium = {name: t.medium for name, t in self.tiers.items()}
         #: Only build per-lookup key lists for policies that prefetch.
         self._wants_lookups = type(policy).on_lookup is not Policy.on_lookup
+        #: Hooks for a tier other hosts share (kvstore.engine.shared), set by the server.
+        self.shared: SharedPrefix | None = None
 
     # -- lifecycle ------------------------------------------------------------------
     async def start(self) -> int:
@@ -120,6 +127,8 @@ class Engine:
             for tier_name in tier_names:
                 if entry is None or tier_name not in entry.tiers:
                     await self.tiers[tier_name].delete(key)
+        if self.shared is not None:
+            self.shared.sweep()
         self.leases.expire_leases(now)
         for r in self.leases.expired_reservations(now):
             tier = self.tiers[r.tier].unwrap()
@@ -274,6 +283,8 @@ class Engine:
         return entry
 
     def _after_store(self, entry: Entry) -> None:
+        if self.shared is not None:
+            self.shared.after_store(entry)
         if self.write_back:
             i = self._rank[entry.tiers[0]] + 1
             if i < len(self.order):
@@ -298,7 +309,11 @@ class Engine:
             target = self.policy.admit(block_info(meta), self.clock())
             if target is None:
                 continue
-            entry = await self._store(meta, b.payload, target)
+            try:
+                entry = await self._store(meta, b.payload, target)
+            except Unavailable as exc:  # e.g. the shared tier is down: not stored, no error
+                log.warning("block %s not stored in %s: %s", meta.key, target, exc)
+                continue
             self._after_store(entry)
             placed.append(entry)
             stored += 1

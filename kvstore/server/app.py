@@ -48,7 +48,17 @@ def build_tiers(cfg: Config) -> list[Tier]:
         from kvstore.tiers.disk import DiskTier
 
         tiers.append(DiskTier(cfg.disk_path, cfg.disk.capacity, name="disk"))
+    if cfg.redis.enabled:  # shared between hosts: the last stop before a drop
+        from kvstore.tiers.redis import RedisTier
+
+        tiers.append(RedisTier(cfg.redis, name="redis"))
     return tiers
+
+
+def _read_bw(cfg: Config, name: str) -> float:
+    if name == "redis":
+        return cfg.redis.read_bytes_per_s
+    return _READ_BW.get(name, 1e9)
 
 
 def reap_stale_segments(prefix: str, shm_dir: str = "/dev/shm") -> list[str]:
@@ -137,11 +147,18 @@ class KVStoreServer:
                 await t.close()
             raise
         policy = policies.create(cfg.engine.policy, [
-            policies.TierSpec(t.name, t.capacity_bytes, _READ_BW.get(t.name, 1e9))
+            policies.TierSpec(t.name, t.capacity_bytes, _read_bw(cfg, t.name))
             for t in tiers])
         self.engine = Engine(
             tiers, policy, self.events, lease_seconds=cfg.server.lease_seconds,
             max_block_bytes=cfg.server.max_block_bytes, write_back=cfg.engine.write_back)
+        if cfg.redis.enabled:
+            from kvstore.engine.shared import SharedPrefix
+
+            self.engine.shared = SharedPrefix(
+                self.engine, "redis", write_through=cfg.redis.write_through,
+                read_bytes_per_s=cfg.redis.read_bytes_per_s,
+                prefill_tokens_per_s=cfg.engine.prefill_tokens_per_s)
         self.recovered = await self.engine.start()
 
         opts = [

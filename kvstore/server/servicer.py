@@ -87,8 +87,11 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     @_unary
     async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
-        media = self.engine.lookup(request.namespace, list(request.block_hashes),
-                                   request.session_id, request.workload)
+        hashes = list(request.block_hashes)
+        media = self.engine.lookup(request.namespace, hashes, request.session_id,
+                                   request.workload)
+        if self.engine.shared is not None and len(media) < len(hashes):
+            media += await self.engine.shared.extend(request.namespace, hashes, len(media))
         return pb.LookupResponse(num_hit=len(media), media=[MEDIUM_TO_PB[m] for m in media])
 
     @_unary
