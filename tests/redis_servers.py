@@ -128,6 +128,7 @@ class RedisCluster:
                 workdir / f"node{i}", "--cluster-enabled", "yes",
                 "--cluster-config-file", "nodes.conf", "--cluster-port", str(bus),
                 "--cluster-node-timeout", "1000", "--cluster-require-full-coverage", "no",
+                "--cluster-replica-validity-factor", "0",
                 "--cluster-allow-reads-when-down", "no"))
         self.replicas = replicas
 
@@ -152,7 +153,14 @@ class RedisCluster:
         return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
 
     def state_ok(self) -> bool:
-        return all("cluster_state:ok" in n.cli("cluster", "info") for n in self.alive())
+        """Every live node says ok, and every replica has synced with its master."""
+        for n in self.alive():
+            if "cluster_state:ok" not in n.cli("cluster", "info"):
+                return False
+            info = n.cli("info", "replication")
+            if "role:slave" in info and "master_link_status:up" not in info:
+                return False
+        return True
 
     def wait_ok(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

@@ -39,7 +39,7 @@ from kvstore.config import RedisConfig
 from kvstore.errors import BlockNotFound, DataCorruption, KVStoreError, TierUnavailable
 from kvstore.tiers._common import as_bytes_view, check_put, tier_full
 from kvstore.tiers.base import RemoteBlock, Tier
-from kvstore.tiers.redisconn import Down, Link, make_client
+from kvstore.tiers.redisconn import Down, Link, make_client, raise_transient
 from kvstore.tiers.redisformat import (
     BadValue,
     Header,
@@ -230,7 +230,7 @@ class RedisTier(Tier):
                 name = names.header(key)
                 pipe.get(name)
                 pipe.pttl(name)
-            res: list[Any] = await pipe.execute(raise_on_error=False)
+            res: list[Any] = raise_transient(await pipe.execute(raise_on_error=False))
             return res
 
         self._counters["probes"] += 1
@@ -405,7 +405,7 @@ class RedisTier(Tier):
             # The header goes last: a reader that finds it finds the chunks before it.
             pipe.set(base + b"h", encode_header(w.meta, w.checksum, size), px=px)
             spans.append(n + 1 + (1 if extra else 0))
-        res = await pipe.execute(raise_on_error=False)
+        res = raise_transient(await pipe.execute(raise_on_error=False))
         out: list[Exception | None] = []
         i = 0
         for span in spans:
@@ -429,7 +429,7 @@ class RedisTier(Tier):
                 else:
                     pipe.get(name)
             spans.append(len(names))
-        res = await pipe.execute(raise_on_error=False)
+        res = raise_transient(await pipe.execute(raise_on_error=False))
         out: list[list[Any]] = []
         i = 0
         for span in spans:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from kvstore.config import RedisConfig
 
-__all__ = ["Down", "Link", "make_client"]
+__all__ = ["Down", "Link", "make_client", "raise_transient"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,19 @@ class Down(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
+
+
+def raise_transient(results: list[Any]) -> list[Any]:
+    """Pipeline results (``raise_on_error=False``) with no failure of the server or the
+    link: those (a node lost mid-pipeline, CLUSTERDOWN, TRYAGAIN, ...) are raised, so the
+    call counts as unavailable. A plain ResponseError (e.g. WRONGTYPE) is left in place:
+    it says something about that value, not about Redis."""
+    from redis.exceptions import ResponseError
+
+    for r in results:
+        if isinstance(r, Exception) and type(r) is not ResponseError:
+            raise r
+    return results
 
 
 def make_client(cfg: RedisConfig) -> Any:
@@ -78,6 +91,7 @@ class Link:
         self._client: Any = None
         self._open_until = 0.0
         self._closed = False
+        self._closing: set[asyncio.Task[None]] = set()
         self.failures = 0
 
     @property
@@ -115,15 +129,30 @@ class Link:
         return out
 
     def _trip(self) -> None:
+        """After a failure: skip Redis for ``retry_interval`` and start the next call on a
+        fresh client (new connections; a Cluster client re-reads the slot map, so it finds
+        the replica promoted in place of a lost master)."""
         self.failures += 1
         if not self.down:
             log.warning("tier %r: redis failing, treated as a miss for %.1fs",
                         self.name, self.cfg.retry_interval)
         self._open_until = self._clock() + self.cfg.retry_interval
+        old, self._client = self._client, None
+        if old is not None:  # closed once the calls still using it are past their deadline
+            task = asyncio.get_running_loop().create_task(self._close_later(old))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _close_later(self, client: Any) -> None:
+        await asyncio.sleep(self.cfg.timeout)
+        with contextlib.suppress(Exception):
+            await client.aclose()
 
     async def close(self) -> None:
         self._closed = True
         client, self._client = self._client, None
+        for task in list(self._closing):
+            task.cancel()
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.aclose()
