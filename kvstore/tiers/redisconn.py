@@ -2,7 +2,7 @@
 
 redis-py (asyncio, hiredis parser) is imported here only, when the first
 client is made. Every call the tier makes goes through :meth:`Link.run`: a
-deadline (``asyncio.wait_for``), and a breaker that, after a failure, answers
+deadline (``asyncio.timeout``), and a breaker that, after a failure, answers
 "unavailable" at once for ``retry_interval`` seconds instead of letting every
 request wait on a dead or blackholed server; the next call after that tries
 again, and the pool reconnects by itself (one immediate retry covers the
@@ -92,6 +92,7 @@ class Link:
         self._open_until = 0.0
         self._closed = False
         self._closing: set[asyncio.Task[None]] = set()
+        self._lock = asyncio.Lock()
         self.failures = 0
 
     @property
@@ -99,11 +100,24 @@ class Link:
         """True while the breaker is open (calls are answered "unavailable" at once)."""
         return self._clock() < self._open_until
 
-    def client(self) -> Any:
+    async def client(self) -> Any:
+        """The client, made on first use. A Cluster client reads the slot map before any
+        command is sent (redis-py's lazy initialisation races under concurrent first
+        calls)."""
         if self._closed:
             raise Down("unavailable", f"tier {self.name!r} is closed")
         if self._client is None:
-            self._client = self._factory(self.cfg)
+            async with self._lock:
+                if self._client is None:
+                    client = self._factory(self.cfg)
+                    if self.cfg.cluster:
+                        try:
+                            await client.initialize()
+                        except BaseException:
+                            with contextlib.suppress(Exception):
+                                await client.aclose()
+                            raise
+                    self._client = client
         return self._client
 
     async def run(self, what: str, call: Callable[[Any], Awaitable[T]],
@@ -115,14 +129,18 @@ class Link:
             raise Down("skipped", f"redis skipped for {self._open_until - self._clock():.2f}s "
                                   "more after a failure")
         deadline = self.cfg.timeout if timeout is None else timeout
+
         try:
-            out = await asyncio.wait_for(call(self.client()), deadline)
+            async with asyncio.timeout(deadline):  # no extra task per call, unlike wait_for
+                out = await call(await self.client())
+        except Down:
+            raise
         except rex.OutOfMemoryError as exc:  # a refused write; reads still work
             raise Down("oom", f"redis is at maxmemory, {what} refused: {exc}") from exc
         except (TimeoutError, rex.TimeoutError) as exc:
             self._trip()
             raise Down("timeout", f"redis {what} took over {deadline}s") from exc
-        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
+        except Exception as exc:  # redis, socket, or a driver bug: Redis is not usable now
             self._trip()
             raise Down("unavailable", f"redis {what} failed: {type(exc).__name__}: {exc}") \
                 from exc
