@@ -142,7 +142,8 @@ class RedisConfig:
     #: Default time-to-live of stored blocks, seconds; 0 = none (Redis's maxmemory
     #: policy is then the only thing that ever removes an abandoned block).
     ttl_seconds: float = 3600.0
-    #: A read renews the block's TTL (so TTL acts as "unused for that long").
+    #: A read renews the block's TTL once less than half of it is left (so a TTL acts as
+    #: "unused for about that long").
     refresh_ttl_on_read: bool = True
     key_prefix: str = "kvstore"
     #: Deadline of one operation (a pipeline of a batch), seconds.

@@ -9,8 +9,10 @@
   each (a Cluster pipeline sends to every node at once); a block of more chunks
   than expected costs one more round trip.
 * **TTL**: every write sets one (``ttl_seconds``, or ``ttl_for(meta)`` when the
-  engine installs that hook, e.g. from the policy); a read renews it with
-  ``refresh_ttl_on_read``; :meth:`RedisTier.set_ttl` changes it later.
+  engine installs that hook, e.g. from the policy); with ``refresh_ttl_on_read``
+  a read renews it once less than half of it is left (so a block in use stays,
+  without turning every read into a write that replicas must follow);
+  :meth:`RedisTier.set_ttl` changes it later.
 * **Capacity** (:mod:`kvstore.tiers.redisledger`): ``capacity_bytes`` is this
   sidecar's budget in the shared store, ``used_bytes`` the payload bytes of the
   blocks it wrote or adopted (:meth:`adopt`) and has not seen deleted, missing or
@@ -139,10 +141,9 @@ class RedisTier(Tier):
         an outage, DataCorruption for a value that failed its checks and was deleted)."""
         if not keys:
             return []
-        renew = self.cfg.refresh_ttl_on_read and self.cfg.ttl_seconds > 0
         try:
             first = await self._link.run("read", lambda c: self._send_reads(
-                c, [(k, 0, self._chunks_hint(k), True) for k in keys], renew))
+                c, [(k, 0, self._chunks_hint(k), True) for k in keys]))
             headers = [self._header(k, vals[0]) for k, vals in zip(keys, first, strict=True)]
             parts = [vals[1:] for vals in first]
             more = [i for i, h in enumerate(headers)
@@ -150,7 +151,7 @@ class RedisTier(Tier):
             if more:
                 extra = await self._link.run("read", lambda c: self._send_reads(
                     c, [(keys[i], len(parts[i]), headers[i].chunks, False)  # type: ignore[union-attr]
-                        for i in more], renew))
+                        for i in more]))
                 for i, vals in zip(more, extra, strict=True):
                     parts[i] = parts[i] + vals
         except Down as exc:
@@ -170,10 +171,10 @@ class RedisTier(Tier):
                     bad.append((key, max(len(chunks), 1)))
                 continue
             out.append(got)
-            if renew:
-                self._ledger.renew(key, self._clock() + self.cfg.ttl_seconds)
         if bad:
             await self._unlink_quietly(bad)
+        if self.cfg.refresh_ttl_on_read:
+            await self._renew_due(keys)
         if error is not None:
             raise error
         return out
@@ -203,7 +204,7 @@ class RedisTier(Tier):
             unknown = [k for k in keys if k not in chunks]
             if unknown:  # not ours: read its header to learn how many chunks it has
                 heads = await self._link.run("read", lambda c: self._send_reads(
-                    c, [(k, 0, 0, True) for k in unknown], False))
+                    c, [(k, 0, 0, True) for k in unknown]))
                 for key, vals in zip(unknown, heads, strict=True):
                     header = self._header(key, vals[0], count=False)
                     chunks[key] = header.chunks if isinstance(header, Header) else 1
@@ -256,7 +257,8 @@ class RedisTier(Tier):
     def adopt(self, block: RemoteBlock) -> None:
         key = block.meta.key
         chunks = self._chunks_seen.get(key) or chunk_count(block.meta.size, self.cfg.chunk_bytes)
-        self._ledger.set(key, block.meta.size, chunks, self._deadline(block.ttl_s))
+        self._ledger.set(key, block.meta.size, chunks, self._deadline(block.ttl_s),
+                         self.cfg.ttl_seconds if block.ttl_s is not None else 0.0)
         self._counters["adopted"] += 1
 
     def expired(self) -> list[BlockKey]:
@@ -291,7 +293,7 @@ class RedisTier(Tier):
             self._count(exc)
             return 0
         for key, _ in plan:
-            self._ledger.renew(key, self._deadline(seconds))
+            self._ledger.renew(key, self._deadline(seconds), seconds)
         return found
 
     # ---- internals ----------------------------------------------------------------
@@ -374,7 +376,7 @@ class RedisTier(Tier):
         for w, e in zip(writes, errors, strict=True):
             if e is None:
                 n = chunk_count(w.meta.size, self.cfg.chunk_bytes)
-                self._ledger.set(w.meta.key, w.meta.size, n, self._deadline(w.ttl))
+                self._ledger.set(w.meta.key, w.meta.size, n, self._deadline(w.ttl), w.ttl)
                 self._counters["puts"] += 1
                 self._counters["bytes_written"] += w.meta.size
         if failed:
@@ -414,28 +416,48 @@ class RedisTier(Tier):
             i += span
         return out
 
-    async def _send_reads(self, client: Any, reqs: list[tuple[BlockKey, int, int, bool]],
-                          renew: bool) -> list[list[Any]]:
-        """Per request (key, first chunk, end chunk, with header): [header?, chunks...]."""
-        px = max(1, int(self.cfg.ttl_seconds * 1000))
+    async def _send_reads(self, client: Any, reqs: list[tuple[BlockKey, int, int, bool]]
+                          ) -> list[list[Any]]:
+        """Per request (key, first chunk, end chunk, with header): [header?, chunks...];
+        one MGET per block (its keys share a slot), pipelined when there are several."""
+        argv = [([self._keys.header(key)] if with_header else [])
+                + self._keys.chunks(key, stop, start) for key, start, stop, with_header in reqs]
+        if len(argv) == 1:
+            return [list(await client.execute_command("MGET", *argv[0]))]
         pipe = client.pipeline(transaction=False)
-        spans: list[int] = []
-        for key, start, stop, with_header in reqs:
-            names = ([self._keys.header(key)] if with_header else []) + \
-                self._keys.chunks(key, stop, start)
-            for name in names:
-                if renew:
-                    pipe.getex(name, px=px)
-                else:
-                    pipe.get(name)
-            spans.append(len(names))
+        for names in argv:
+            pipe.execute_command("MGET", *names)
         res = raise_transient(await pipe.execute(raise_on_error=False))
-        out: list[list[Any]] = []
-        i = 0
-        for span in spans:
-            out.append(list(res[i:i + span]))
-            i += span
-        return out
+        return [[r] * len(names) if isinstance(r, Exception) else list(r)
+                for r, names in zip(res, argv, strict=True)]
+
+    async def _renew_due(self, keys: Sequence[BlockKey]) -> None:
+        """Renew the TTL of the blocks read whose TTL is more than half gone."""
+        now = self._clock()
+        due = []
+        for key in keys:
+            held = self._ledger.get(key)
+            if held is not None and held.ttl > 0 and held.deadline - now < held.ttl / 2:
+                due.append((key, held.chunks, held.ttl))
+        if not due:
+            return
+        names = self._keys
+
+        async def send(client: Any) -> None:
+            pipe = client.pipeline(transaction=False)
+            for key, n, ttl in due:
+                for name in [names.header(key), *names.chunks(key, n)]:
+                    pipe.pexpire(name, max(1, int(ttl * 1000)))
+            await pipe.execute(raise_on_error=False)
+
+        try:
+            await self._link.run("expire", send)
+        except Down as exc:
+            self._count(exc)
+            return
+        for key, _, ttl in due:
+            self._ledger.renew(key, now + ttl)
+        self._counters["renewed"] += len(due)
 
     async def _send_unlinks(self, client: Any, plan: list[tuple[BlockKey, int]]) -> int:
         pipe = client.pipeline(transaction=False)

@@ -7,11 +7,12 @@
 For each mode (one Redis at ``--url``; a Redis Cluster at ``--cluster-nodes``, or three
 masters started here on free loopback ports with ``--local-cluster``) and each client
 count, C concurrent asyncio clients each put then get their share of ``--blocks`` blocks
-of ``--block-mib``, one call per block: through :class:`RedisTier` (header, checksum
-verified on every read, TTL, pipeline of header + chunks) and through raw redis-py
-``SET`` / ``GET`` of the same bytes (same hiredis parser, same pool size). The two
-alternate within every repeat so machine noise hits both; GB/s are medians, and the
-ratio is tier / raw. Keys go under a prefix of their own and are deleted afterwards.
+of ``--block-mib``, one call per block: through :class:`RedisTier` (a pipeline of chunk
+SETs + header SET with a TTL; reads one MGET of header + chunks, the payload checked
+against the header's xxh3-64) and through raw redis-py ``SET`` / ``GET`` of the same
+bytes (same hiredis parser, same pool size). The two alternate within every repeat,
+which of them goes first alternating too, so machine noise hits both; GB/s are medians,
+and the ratio is tier / raw. Keys go under a prefix of their own and are deleted afterwards.
 Timings only, no assertions.
 """
 
@@ -143,8 +144,10 @@ async def run(cfg: RedisConfig, block: int, blocks: int, clients: int, repeats: 
             await raw.initialize()  # as the tier does (redis-py's lazy one races)
         await _clients(clients, per, ops[0][1])  # warm up pools and Redis's allocator
         await _clients(clients, per, ops[1][1])
-        for _ in range(repeats):
-            for name, op in ops:
+        for rep in range(repeats):
+            flip = rep % 2  # raw first, then tier first: drift in machine load hits both
+            order = [ops[0 + flip], ops[1 - flip], ops[2 + flip], ops[3 - flip]]
+            for name, op in order:
                 rates[name].append(await _timed(partial(_clients, clients, per, op),
                                                 n * block))
     finally:

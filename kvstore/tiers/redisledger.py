@@ -25,6 +25,8 @@ class Held:
     chunks: int
     #: When Redis drops it (monotonic seconds); ``inf`` without a TTL.
     deadline: float
+    #: The TTL it gets when renewed (<= 0: none).
+    ttl: float = 0.0
 
 
 class Ledger:
@@ -40,17 +42,22 @@ class Ledger:
     def get(self, key: BlockKey) -> Held | None:
         return self.blocks.get(key)
 
-    def set(self, key: BlockKey, size: int, chunks: int, deadline: float) -> None:
+    def set(self, key: BlockKey, size: int, chunks: int, deadline: float,
+            ttl: float = 0.0) -> None:
         old = self.blocks.get(key)
         if old is not None:
             self.used -= old.size
-        self.blocks[key] = Held(size, chunks, deadline)
+        self.blocks[key] = Held(size, chunks, deadline, ttl)
         self.used += size
         self._push(key, deadline)
 
-    def renew(self, key: BlockKey, deadline: float) -> None:
+    def renew(self, key: BlockKey, deadline: float, ttl: float | None = None) -> None:
         held = self.blocks.get(key)
-        if held is not None and deadline != held.deadline:
+        if held is None:
+            return
+        if ttl is not None:
+            held.ttl = ttl
+        if deadline != held.deadline:
             held.deadline = deadline
             self._push(key, deadline)
 

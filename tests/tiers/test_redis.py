@@ -162,7 +162,15 @@ async def test_ttls_default_per_block_renewed_and_expired(rtier: RedisTier) -> N
         now[0] += 3.0
         assert tier.expired() == [items[1][0].key]
         assert tier.used_bytes == 1000
-        await tier.get(items[0][0].key)  # a read renews the TTL (600 s)
+        with raw(tier) as r:
+            r.pexpire(n.header(items[0][0].key), 100_000)  # as if time had passed in Redis
+        await tier.get(items[0][0].key)  # 594 s of 600 left: no renewal yet
+        assert "renewed" not in tier.counters()
+        now[0] += 400.0
+        await tier.get(items[0][0].key)  # 194 s left: renewed to 600 s
+        assert tier.counters()["renewed"] == 1
+        with raw(tier) as r:
+            assert r.pttl(n.header(items[0][0].key)) > 500_000
         now[0] += 590.0
         assert tier.expired() == []
         assert tier.counters()["expired"] == 2
