@@ -79,7 +79,18 @@ class ServerConfig:
     max_message_bytes: int = 80 * 2**20
     #: Shared-memory data plane: default lease on reserved / acquired slots.
     lease_seconds: float = 30.0
+    #: Longest read lease a client may ask for.
+    max_lease_seconds: float = 300.0
     grace_seconds: float = 5.0
+    #: Block hashes one call may carry (Lookup, Get, Acquire, Reserve, Commit, Put
+    #: message, Delete).
+    max_hashes_per_call: int = 131_072
+    #: Token ids one block may carry (kept in memory with the block's metadata).
+    max_block_tokens: int = 8192
+    #: RPCs served at once; past it a call fails with RESOURCE_EXHAUSTED.
+    max_concurrent_rpcs: int = 1024
+    #: Put streams open at once.
+    max_put_streams: int = 64
 
     def validate(self) -> None:
         _parse_hostport(self.listen, "server.listen")
@@ -92,8 +103,14 @@ class ServerConfig:
                 f"server.max_message_bytes ({self.max_message_bytes}) must exceed "
                 f"server.max_block_bytes ({self.max_block_bytes})"
             )
-        if self.lease_seconds <= 0:
-            raise ConfigError(f"server.lease_seconds: must be > 0, got {self.lease_seconds}")
+        if not 0 < self.lease_seconds <= self.max_lease_seconds:
+            raise ConfigError(
+                f"server.lease_seconds: must be > 0 and <= server.max_lease_seconds "
+                f"({self.max_lease_seconds}), got {self.lease_seconds}")
+        for name in ("max_hashes_per_call", "max_block_tokens", "max_concurrent_rpcs",
+                     "max_put_streams"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"server.{name}: must be > 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +119,16 @@ class DramConfig:
     capacity: int = 1 * 2**30
     #: Prefix of the POSIX shared-memory segment names.
     segment_prefix: str = "kvstore"
+    #: Share of the tier that read leases may pin at once (past it, blocks are read
+    #: over gRPC), so readers can never leave writers without slots.
+    max_pinned_fraction: float = 0.75
 
     def validate(self) -> None:
         if self.enabled and self.capacity <= 0:
             raise ConfigError("dram.capacity: must be > 0 when dram.enabled")
+        if not 0 < self.max_pinned_fraction <= 1:
+            raise ConfigError(
+                f"dram.max_pinned_fraction: must be in (0, 1], got {self.max_pinned_fraction}")
 
 
 @dataclass(frozen=True, slots=True)

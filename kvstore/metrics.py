@@ -66,6 +66,30 @@ class EngineCollector(Collector):
                                 value=eng.mover.pending)
         yield CounterMetricFamily("kvstore_events_published", "Block events published",
                                   value=getattr(self.events, "published", 0))
+        yield CounterMetricFamily("kvstore_events_dropped",
+                                  "Event batches lost (publisher high-water mark, failures, "
+                                  "lagging subscribers)", value=getattr(self.events, "dropped", 0))
+        yield CounterMetricFamily("kvstore_transfers_failed",
+                                  "Tier-to-tier transfers that failed or were skipped",
+                                  value=eng.mover.failed)
+        yield CounterMetricFamily("kvstore_transfers_dropped",
+                                  "Transfers refused because the mover queue was full",
+                                  value=eng.mover.dropped)
+        yield CounterMetricFamily("kvstore_corrupt_reads",
+                                  "Copies found corrupt on read and dropped",
+                                  value=st.corrupt_reads)
+        yield CounterMetricFamily("kvstore_demotions_failed",
+                                  "Victims dropped because their copy to the next tier failed",
+                                  value=st.demotions_failed)
+        yield CounterMetricFamily("kvstore_orphans_dropped",
+                                  "Recovered blocks dropped at start (an ancestor was gone)",
+                                  value=st.orphans_dropped)
+        yield GaugeMetricFamily("kvstore_startup_skipped",
+                                "Entries the persistent tiers could not use at start",
+                                value=eng.startup_skipped())
+        yield GaugeMetricFamily("kvstore_quarantined_slots",
+                                "Slots of expired reservations not yet reusable",
+                                value=eng.leases.quarantined)
 
 
     def _tier_ops(self) -> CounterMetricFamily:

@@ -79,6 +79,8 @@ class ServerThread:
         self.run(self.server.engine.mover.drain())
 
     def stop(self) -> None:
+        if self.loop.is_closed():
+            return  # stopped already (a test restarting a server stops it itself)
         try:
             self.run(self.server.stop(0.5))
         finally:

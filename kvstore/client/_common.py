@@ -10,6 +10,7 @@ from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
 import grpc
+import xxhash
 
 from kvstore import errors
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
@@ -70,6 +71,14 @@ class Stats:
     pending_moves: int
     events_published: int
     version: str
+    transfers_failed: int = 0
+    transfers_dropped: int = 0
+    events_dropped: int = 0
+    corrupt_reads: int = 0
+    orphans_dropped: int = 0
+    demotions_failed: int = 0
+    startup_skipped: int = 0
+    quarantined_slots: int = 0
 
     @classmethod
     def from_pb(cls, r: pb.StatsResponse) -> Stats:
@@ -80,7 +89,11 @@ class Stats:
             lookup_hit_blocks=r.lookup_hit_blocks, lookup_miss_blocks=r.lookup_miss_blocks,
             puts=r.puts, gets=r.gets, bytes_in=r.bytes_in, bytes_out=r.bytes_out,
             pending_moves=r.pending_moves, events_published=r.events_published,
-            version=r.version,
+            version=r.version, transfers_failed=r.transfers_failed,
+            transfers_dropped=r.transfers_dropped, events_dropped=r.events_dropped,
+            corrupt_reads=r.corrupt_reads, orphans_dropped=r.orphans_dropped,
+            demotions_failed=r.demotions_failed, startup_skipped=r.startup_skipped,
+            quarantined_slots=r.quarantined_slots,
         )
 
     def tier(self, name: str) -> TierStat:
@@ -134,12 +147,16 @@ def block_from_pb(h: pb.BlockHeader, payload: bytes) -> BlockData:
 
 
 def read_acquired(resp: pb.AcquireResponse, segments: SegmentCache, sink: BlockSink,
-                  base: int) -> tuple[list[int], list[int]]:
+                  base: int) -> tuple[list[int], list[int], list[bytes]]:
     """Hand each block an Acquire placed in shared memory to ``sink`` (while the lease
-    holds). Returns the payload sizes (0: missing) and the indices of blocks stored but
-    not in shared memory now, to be read over gRPC (:func:`fill_overflow`)."""
+    holds), then check the slot against the checksum in its descriptor: a mismatch
+    makes the block missing (size 0, whatever the sink did with it) and reported.
+    Returns the payload sizes (0: missing), the indices of blocks stored but not in
+    shared memory now, to be read over gRPC (:func:`fill_overflow`), and the hashes
+    of the corrupt ones (to report in Release)."""
     sizes: list[int] = []
     overflow: list[int] = []
+    corrupt: list[bytes] = []
     for i, (d, h) in enumerate(zip(resp.slots, resp.headers, strict=True)):
         if not d.length:
             sizes.append(0)
@@ -148,10 +165,16 @@ def read_acquired(resp: pb.AcquireResponse, segments: SegmentCache, sink: BlockS
             continue
         region = segments.region(d)
         try:
-            sizes.append(sink(base + i, h, region))
+            n = sink(base + i, h, region)
+            # Checked after the copy: what the sink took is good only if the slot
+            # still holds the block's bytes now.
+            if xxhash.xxh3_64_intdigest(region) != d.checksum:
+                n = 0
+                corrupt.append(bytes(h.block_hash))
+            sizes.append(n)
         finally:
             region.release()
-    return sizes, overflow
+    return sizes, overflow, corrupt
 
 
 def fill_overflow(sizes: list[int], overflow: Sequence[int],

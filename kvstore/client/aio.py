@@ -168,7 +168,10 @@ class AsyncKVStoreClient:
                 return len(payload)
 
             for i in range(0, len(hashes), 256):
-                await self._read_shm(namespace, hashes[i:i + 256], keep, i)
+                sizes = await self._read_shm(namespace, hashes[i:i + 256], keep, i)
+                for j, n in enumerate(sizes, i):
+                    if not n:
+                        out[j] = None  # missing, or failed its checksum after the copy
             return out
         return await self._get_grpc(namespace, hashes)
 
@@ -209,9 +212,10 @@ class AsyncKVStoreClient:
         while the lease holds. Returns payload sizes (0 = missing)."""
         resp = await self._call(self._stub.Acquire,
                           pb.AcquireRequest(namespace=namespace, block_hashes=hashes))
-        sizes, overflow = read_acquired(resp, self._segments, sink, base)
+        sizes, overflow, corrupt = read_acquired(resp, self._segments, sink, base)
         try:
-            await self._call(self._stub.Release, pb.ReleaseRequest(lease_id=resp.lease_id))
+            await self._call(self._stub.Release, pb.ReleaseRequest(lease_id=resp.lease_id,
+                                                                corrupt_hashes=corrupt))
         except LeaseExpired:
             if retries <= 0:
                 raise

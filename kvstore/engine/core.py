@@ -13,19 +13,20 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
 import xxhash
 
 from kvstore.engine.blocks import NewBlock, block_info, check_blocks, new_meta
-from kvstore.engine.index import Entry, Index, chain_order
+from kvstore.engine.index import Entry, Index, reachable
 from kvstore.engine.leases import Leases
 from kvstore.engine.mover import Mover, Transfer
 from kvstore.engine.stats import EngineStats
 from kvstore.errors import (
     BlockNotFound,
     DataCorruption,
+    InvalidArgument,
     TierFull,
     Unavailable,
 )
@@ -56,6 +57,11 @@ class Engine:
         lease_seconds: float = 30.0,
         max_block_bytes: int = 64 * 2**20,
         write_back: bool = True,
+        max_hashes: int = 131_072,
+        max_block_tokens: int = 8192,
+        max_lease_seconds: float = 300.0,
+        max_pinned_fraction: float = 0.75,
+        quarantine_seconds: float | None = None,
     ) -> None:
         if not tiers:
             raise ValueError("the engine needs at least one tier")
@@ -68,6 +74,18 @@ class Engine:
         self.lease_seconds = lease_seconds
         self.max_block_bytes = max_block_bytes
         self.write_back = write_back
+        #: Hashes (or blocks) one call may carry: Lookup, Get, Acquire, Reserve, Delete.
+        self.max_hashes = max_hashes
+        #: Token ids one block may carry (they are kept in memory with its metadata).
+        self.max_block_tokens = max_block_tokens
+        self.max_lease_seconds = max_lease_seconds
+        #: Share of a shared-memory tier read leases may pin; past it blocks are
+        #: served over gRPC, so readers can never starve writers of slots.
+        self.max_pinned_fraction = max_pinned_fraction
+        #: How long a slot whose reservation expired stays unused (a stalled writer
+        #: may still be writing it).
+        self.quarantine_seconds = (2 * lease_seconds if quarantine_seconds is None
+                                   else quarantine_seconds)
         self.index = Index(self.order)
         self.leases = Leases()
         self.stats = EngineStats()
@@ -79,6 +97,10 @@ class Engine:
         #: (key, dst tier) -> completion of the copy running now
         self._copies: dict[tuple[BlockKey, str], asyncio.Future[None]] = {}
         self._medium = {name: t.medium for name, t in self.tiers.items()}
+        #: Tiers whose bytes co-located clients map (and so could overwrite): every
+        #: read from them is checked against the block's checksum.
+        self._mapped = {name for name, t in self.tiers.items()
+                        if isinstance(t.unwrap(), SlotTier)}
         #: Only build per-lookup key lists for policies that prefetch.
         self._wants_lookups = type(policy).on_lookup is not Policy.on_lookup
         #: Hooks for a tier other hosts share (kvstore.engine.shared), set by the server.
@@ -91,19 +113,33 @@ class Engine:
 
         recovered = 0
         now = self.clock()
+        # Routers may still hold what a previous run of this sidecar announced: the
+        # first batch says everything is gone, then what survived is stored again.
+        self.events.all_cleared()
         for name in self.order:
             tier = self.tiers[name]
             inner = tier.unwrap()
             if isinstance(inner, PersistentTier):
-                metas = await inner.recover()
+                metas, orphans = reachable(await inner.recover())
+                for meta in orphans:
+                    await tier.delete(meta.key)
+                if orphans:
+                    self.stats.orphans_dropped += len(orphans)
+                    log.warning("tier %s: dropped %d recovered blocks whose parent is gone "
+                                "(unreachable by any prefix lookup)", name, len(orphans))
                 for meta in metas:
                     self.index.add_location(meta, name)
                     self.policy.on_insert(block_info(meta), name, now)
                 if metas:
-                    self.events.block_stored(chain_order(metas), tier.medium)
+                    self.events.block_stored(metas, tier.medium)
                 recovered += len(metas)
         self.mover.start()
         return recovered
+
+    def startup_skipped(self) -> int:
+        """Entries the persistent tiers could not use at start (damaged, foreign)."""
+        return sum(int(getattr(self.tiers[n].unwrap(), "startup_skipped", 0))
+                   for n in self.order)
 
     async def close(self, drain_seconds: float = 10.0) -> None:
         """Finish queued transfers (write-backs to disk) for a while, then close tiers."""
@@ -130,7 +166,7 @@ class Engine:
         if self.shared is not None:
             self.shared.sweep()
         self.leases.expire_leases(now)
-        for r in self.leases.expired_reservations(now):
+        for r in self.leases.expire_reservations(now, self.quarantine_seconds):
             tier = self.tiers[r.tier].unwrap()
             if isinstance(tier, SlotTier):
                 tier.abort(r.slot)
@@ -180,7 +216,8 @@ class Engine:
             try:
                 await self.copy(entry, tier_name, dst)
             except Exception as exc:  # a failed demotion degrades to a drop
-                log.warning("demotion of %s to %s failed, dropping: %s", key, dst, exc)
+                self.stats.demotions_failed += 1
+                log.debug("demotion of %s to %s failed, dropping: %s", key, dst, exc)
         if key in self._in_flight:
             return  # another copy of it started meanwhile; leave it, evict others
         self.stats.evictions[tier_name] += 1
@@ -224,10 +261,13 @@ class Engine:
             payload = await self.tiers[src].get(key)
             await self.make_room(dst, entry.meta.size)
             await self.tiers[dst].put(entry.meta, payload)
-            # Tripwire: the source bytes must not have changed under the copy.
+            # The source bytes must match their checksum (a mapped tier's may have been
+            # overwritten by a client, or changed under the copy): a corrupt source is
+            # dropped, never copied on or served.
             if xxhash.xxh3_64_intdigest(payload) != entry.meta.checksum:
                 await self.tiers[dst].delete(key)
-                raise DataCorruption(f"{key} changed in {src!r} while being copied to {dst!r}")
+                await self.drop_corrupt(key, src, f"while being copied to {dst!r}")
+                raise DataCorruption(f"{key} is corrupt in {src!r}; dropped")
             if self.index.get(key) is not entry:
                 await self.tiers[dst].delete(key)  # deleted while we copied: keep it deleted
                 return
@@ -239,10 +279,23 @@ class Engine:
                 del self._in_flight[key]
 
     async def _drop(self, key: BlockKey, tier_name: str) -> None:
-        await self.tiers[tier_name].delete(key)
+        """Forget ``key`` in a tier and free its bytes, unless a reader or a copy still
+        holds them: then they are freed once let go (:meth:`sweep`), so a slot is never
+        reused under a lease."""
         self.index.remove_location(key, tier_name)
         self.policy.on_remove(key, tier_name)
         self.events.block_removed([key], self.tiers[tier_name].medium)
+        if self.is_protected(key):
+            self._deferred_free.setdefault(key, set()).add(tier_name)
+        else:
+            await self.tiers[tier_name].delete(key)
+
+    async def drop_corrupt(self, key: BlockKey, tier_name: str, where: str) -> None:
+        self.stats.corrupt_reads += 1
+        log.error("corrupt copy of %s in %s (%s): dropped", key, tier_name, where)
+        entry = self.index.get(key)
+        if entry is not None and tier_name in entry.tiers:
+            await self._drop(key, tier_name)
 
     async def run_transfer(self, t: Transfer) -> None:
         """Execute one mover transfer, re-checking state (things change while queued)."""
@@ -296,7 +349,7 @@ class Engine:
                   workload: str = "") -> tuple[int, int]:
         """Store blocks (gRPC path). Returns (stored, already present)."""
         wl = Workload.parse(workload)
-        check_blocks(self.index, namespace, blocks, self.max_block_bytes)
+        self.check_blocks(namespace, blocks)
         stored = existing = 0
         placed: list[Entry] = []
         for b in blocks:
@@ -322,6 +375,17 @@ class Engine:
         self.stats.puts += 1
         return stored, existing
 
+    def check_blocks(self, namespace: str, blocks: Sequence[NewBlock]) -> None:
+        """Hashes, parents, payload sizes and token counts of blocks to store."""
+        self.check_hashes(namespace, [b.block_hash for b in blocks])
+        check_blocks(self.index, namespace, blocks, self.max_block_bytes)
+        for b in blocks:
+            if len(b.token_ids) > self.max_block_tokens:
+                raise InvalidArgument(
+                    f"block {bytes(b.block_hash).hex()[:16]} carries {len(b.token_ids)} token "
+                    f"ids; a block may carry at most {self.max_block_tokens} "
+                    "(server.max_block_tokens)")
+
     def touch_tail_first(self, entries: Sequence[Entry]) -> None:
         """Touch a chain's blocks last to first, as vLLM frees them: under pressure
         a chain then loses its tail before its head."""
@@ -336,8 +400,7 @@ class Engine:
 
         The hot path of every scheduling step: one dict probe and one policy
         touch per block, nothing else."""
-        hashes = hashes if isinstance(hashes, list) else list(hashes)
-        self.index.check_hashes(namespace, hashes)
+        hashes = self.check_hashes(namespace, hashes)
         now = self.clock()
         blocks = self.index.blocks_of(namespace)
         touch = self.policy.on_access
@@ -373,36 +436,61 @@ class Engine:
 
     async def get(self, namespace: str, hashes: Sequence[bytes]
                   ) -> list[tuple[BlockMeta, bytes] | None]:
-        """Payload copies of the blocks (None where missing), read from the fastest tier."""
+        """Verified payload copies of the blocks (None where missing), in order."""
+        out: list[tuple[BlockMeta, bytes] | None] = [None] * len(hashes)
+        async for i, meta, payload in self.iter_get(namespace, hashes):
+            out[i] = (meta, payload)
+        return out
+
+    async def iter_get(self, namespace: str, hashes: Sequence[bytes]
+                       ) -> AsyncIterator[tuple[int, BlockMeta, bytes]]:
+        """(index, meta, verified payload) of each stored block, one at a time (a Get
+        streams without holding the whole answer in memory)."""
+        hashes = self.check_hashes(namespace, hashes, unique=True)
         self.index.require_namespace(namespace)
-        self.index.check_hashes(namespace, list(hashes))
-        out: list[tuple[BlockMeta, bytes] | None] = []
-        now = self.clock()
-        for h in hashes:
+        self.stats.gets += 1
+        for i, h in enumerate(hashes):
             entry = self.index.get_hash(namespace, h)
             if entry is None:
-                out.append(None)
                 continue
             payload = await self._read(entry)
             if payload is None:
-                out.append(None)
                 continue
-            self.policy.on_access(entry.key, entry.tiers[0], now)
+            if entry.tiers:
+                self.policy.on_access(entry.key, entry.tiers[0], self.clock())
             self.stats.bytes_out += len(payload)
-            out.append((entry.meta, payload))
-        self.stats.gets += 1
+            yield i, entry.meta, payload
+
+    def check_hashes(self, namespace: str, hashes: Sequence[bytes], *, unique: bool = False
+                     ) -> list[bytes]:
+        """Validate one call's hashes: lengths, at most ``max_hashes``, and (for reads
+        that return payloads) no hash twice."""
+        if len(hashes) > self.max_hashes:
+            raise InvalidArgument(
+                f"a call may carry at most {self.max_hashes} block hashes, got {len(hashes)} "
+                "(server.max_hashes_per_call); split it")
+        out = hashes if isinstance(hashes, list) else list(hashes)
+        self.index.check_hashes(namespace, out)
+        if unique and len(set(out)) != len(out):
+            raise InvalidArgument("duplicate block hashes in one call: ask for each block once")
         return out
 
     async def _read(self, entry: Entry) -> bytes | None:
+        """A verified copy of the block's bytes from its fastest intact tier."""
         for tier_name in list(entry.tiers):
             try:
-                return bytes(await self.tiers[tier_name].get(entry.key))
+                payload = bytes(await self.tiers[tier_name].get(entry.key))
             except DataCorruption as exc:
-                self.stats.corrupt_reads += 1
-                log.error("corrupt copy of %s in %s dropped: %s", entry.key, tier_name, exc)
-                await self._drop(entry.key, tier_name)
+                await self.drop_corrupt(entry.key, tier_name, str(exc))
+                continue
             except BlockNotFound:
                 await self._drop(entry.key, tier_name)
+                continue
+            if (tier_name in self._mapped
+                    and xxhash.xxh3_64_intdigest(payload) != entry.meta.checksum):
+                await self.drop_corrupt(entry.key, tier_name, "checksum mismatch on read")
+                continue
+            return payload
         return None
 
     async def delete(self, namespace: str, hashes: Sequence[bytes]) -> int:
@@ -411,8 +499,8 @@ class Engine:
             self.index.require_namespace(namespace)
             entries = list(self.index.entries(namespace))
         else:
-            self.index.check_hashes(namespace, list(hashes))
-            entries = [e for h in hashes if (e := self.index.get_hash(namespace, h))]
+            hashes = self.check_hashes(namespace, hashes)
+            entries = [e for h in dict.fromkeys(hashes) if (e := self.index.get_hash(namespace, h))]
         # Forget every copy before the first await, so a copy finishing meanwhile sees
         # its block gone (and discards itself) instead of re-adding it.
         to_free: list[tuple[BlockKey, str]] = []

@@ -149,9 +149,13 @@ class KVStoreServer:
         policy = policies.create(cfg.engine.policy, [
             policies.TierSpec(t.name, t.capacity_bytes, _read_bw(cfg, t.name))
             for t in tiers])
+        srv = cfg.server
         self.engine = Engine(
-            tiers, policy, self.events, lease_seconds=cfg.server.lease_seconds,
-            max_block_bytes=cfg.server.max_block_bytes, write_back=cfg.engine.write_back)
+            tiers, policy, self.events, lease_seconds=srv.lease_seconds,
+            max_block_bytes=srv.max_block_bytes, write_back=cfg.engine.write_back,
+            max_hashes=srv.max_hashes_per_call, max_block_tokens=srv.max_block_tokens,
+            max_lease_seconds=srv.max_lease_seconds,
+            max_pinned_fraction=cfg.dram.max_pinned_fraction)
         if cfg.redis.enabled:
             from kvstore.engine.shared import SharedPrefix
 
@@ -166,9 +170,10 @@ class KVStoreServer:
             ("grpc.max_send_message_length", cfg.server.max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
-        server = grpc.aio.server(options=opts)
+        server = grpc.aio.server(options=opts, maximum_concurrent_rpcs=srv.max_concurrent_rpcs)
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(
-            KVStoreServicer(self.engine, self.events), server)
+            KVStoreServicer(self.engine, self.events, max_put_streams=srv.max_put_streams),
+            server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, reflection.SERVICE_NAME, health.SERVICE_NAME), server)

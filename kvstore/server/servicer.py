@@ -21,7 +21,12 @@ from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 from kvstore.engine.core import Engine
 from kvstore.engine.dataplane import SlotPlane
-from kvstore.errors import FailedPrecondition, InvalidArgument, KVStoreError
+from kvstore.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    KVStoreError,
+    ResourceExhausted,
+)
 from kvstore.policies import Hint
 from kvstore.server.convert import (
     MEDIUM_TO_PB,
@@ -70,12 +75,21 @@ def _stream(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterator[
     return wrapper
 
 
+def _owner(context: Any) -> str:
+    """Who a reservation or lease belongs to: the caller's connection."""
+    peer = context.peer() if context is not None else ""
+    return peer if isinstance(peer, str) else ""
+
+
 class KVStoreServicer(pb_grpc.KVStoreServicer):
-    def __init__(self, engine: Engine, events: Any = None) -> None:
+    def __init__(self, engine: Engine, events: Any = None, *, max_put_streams: int = 64
+                 ) -> None:
         self.engine = engine
         self.plane = SlotPlane.for_engine(engine)
         self.events = events
         self.host_id = host_id()
+        self.max_put_streams = max_put_streams
+        self._put_streams = 0
 
     def _plane(self) -> SlotPlane:
         if self.plane is None:
@@ -97,23 +111,31 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     @_unary
     async def Put(self, request_iterator: AsyncIterator[pb.PutRequest], context: Any
                   ) -> pb.PutResponse:
-        stored = existing = 0
-        async for req in request_iterator:
-            blocks = [new_block(b.header, b.payload) for b in req.blocks]
-            s, e = await self.engine.put(req.namespace, blocks, req.session_id, req.workload)
-            stored += s
-            existing += e
-        return pb.PutResponse(stored=stored, existing=existing)
+        if self._put_streams >= self.max_put_streams:
+            raise ResourceExhausted(
+                f"{self.max_put_streams} Put streams are open (server.max_put_streams); "
+                "retry later or use the shared-memory path")
+        self._put_streams += 1
+        try:
+            stored = existing = 0
+            async for req in request_iterator:
+                blocks = [new_block(b.header, b.payload) for b in req.blocks]
+                s, e = await self.engine.put(req.namespace, blocks, req.session_id,
+                                             req.workload)
+                stored += s
+                existing += e
+            return pb.PutResponse(stored=stored, existing=existing)
+        finally:
+            self._put_streams -= 1
 
     @_stream
     async def Get(self, request: pb.GetRequest, context: Any) -> AsyncIterator[pb.GetResponse]:
-        found = await self.engine.get(request.namespace, list(request.block_hashes))
+        # One block read at a time: memory stays at about one message however many
+        # blocks are asked for.
         msg = pb.GetResponse()
         size = 0
-        for i, item in enumerate(found):
-            if item is None:
-                continue
-            meta, payload = item
+        async for i, meta, payload in self.engine.iter_get(request.namespace,
+                                                          list(request.block_hashes)):
             msg.blocks.append(pb.Block(header=header_to_pb(meta), payload=payload))
             msg.indices.append(i)
             size += len(payload)
@@ -134,7 +156,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             raise InvalidArgument(
                 f"Reserve: {len(request.sizes)} sizes but {len(request.block_hashes)} hashes")
         slots = await self._plane().reserve(
-            request.namespace, list(zip(request.block_hashes, request.sizes, strict=True)))
+            request.namespace, list(zip(request.block_hashes, request.sizes, strict=True)),
+            owner=_owner(context))
         return pb.ReserveResponse(
             slots=[slot_to_pb(s, h) if s else pb.SlotDescriptor()
                    for s, h in zip(slots, request.block_hashes, strict=True)],
@@ -148,18 +171,19 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         items = [(slot_from_pb(d), new_block(h))
                  for d, h in zip(request.slots, request.headers, strict=True)]
         stored = await self._plane().commit(request.namespace, items, request.session_id,
-                                            request.workload)
+                                            request.workload, owner=_owner(context))
         return pb.CommitResponse(stored=stored)
 
     @_unary
     async def Abort(self, request: pb.AbortRequest, context: Any) -> pb.AbortResponse:
-        self._plane().abort(list(request.slot_ids))
+        self._plane().abort(list(request.slot_ids), owner=_owner(context))
         return pb.AbortResponse()
 
     @_unary
     async def Acquire(self, request: pb.AcquireRequest, context: Any) -> pb.AcquireResponse:
         lease, found = await self._plane().acquire(
-            request.namespace, list(request.block_hashes), request.lease_seconds)
+            request.namespace, list(request.block_hashes), request.lease_seconds,
+            owner=_owner(context))
         resp = pb.AcquireResponse(lease_id=lease.lease_id,
                                   lease_seconds=lease.deadline - self.engine.clock())
         for item in found:
@@ -175,8 +199,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     @_unary
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
-        self._plane().release(request.lease_id)
-        return pb.ReleaseResponse()
+        corrupt = await self._plane().release(request.lease_id, _owner(context),
+                                              list(request.corrupt_hashes))
+        return pb.ReleaseResponse(corrupt=corrupt)
 
     @_unary
     async def Delete(self, request: pb.DeleteRequest, context: Any) -> pb.DeleteResponse:
@@ -217,6 +242,11 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             bytes_in=st.bytes_in, bytes_out=st.bytes_out, pending_moves=eng.mover.pending,
             version=__version__, sessions=eng.index.sessions(),
             events_published=getattr(self.events, "published", 0) if self.events else 0,
+            transfers_failed=eng.mover.failed, transfers_dropped=eng.mover.dropped,
+            events_dropped=getattr(self.events, "dropped", 0) if self.events else 0,
+            corrupt_reads=st.corrupt_reads, orphans_dropped=st.orphans_dropped,
+            demotions_failed=st.demotions_failed, startup_skipped=eng.startup_skipped(),
+            quarantined_slots=eng.leases.quarantined,
         )
 
     async def SubscribeEvents(self, request: pb.SubscribeRequest, context: Any

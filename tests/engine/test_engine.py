@@ -78,7 +78,7 @@ async def test_eviction_demotes_and_emits_removed_for_the_fast_medium():
 
 async def test_capacity_is_never_exceeded_and_pinned_blocks_stay():
     dram = DramTier(64 * KiB, segment_prefix="kvtest")
-    eng, _ = engine_over(dram, write_back=False)
+    eng, _ = engine_over(dram, write_back=False, max_pinned_fraction=1.0)
     plane = SlotPlane(eng, dram)
     await eng.start()
     blocks = new_blocks(32)  # 4 KiB each: 16 fill the tier
@@ -88,7 +88,7 @@ async def test_capacity_is_never_exceeded_and_pinned_blocks_stay():
     with pytest.raises(TierFull, match="pinned or in flight"):
         await eng.put("ns", blocks[16:17])
     assert dram.used_bytes == dram.capacity_bytes
-    plane.release(lease.lease_id)
+    await plane.release(lease.lease_id)
     await eng.put("ns", blocks[16:32])  # unpinned: LRU makes room now
     assert dram.used_bytes == 64 * KiB
     assert eng.lookup("ns", [b.block_hash for b in blocks[16:]]) == [Medium.CPU] * 16
@@ -106,6 +106,9 @@ async def test_reservations_expire_and_free_their_slots():
     clock.t += 10
     with pytest.raises(UnknownReservation, match="expired"):
         await plane.commit("ns", [(slots[0], blocks[0])])
+    await eng.sweep()  # expired: quarantined first (a stalled writer may still write)
+    assert dram.used_bytes == 8 * KiB
+    clock.t += 10
     await eng.sweep()
     assert dram.used_bytes == 0
     with pytest.raises(UnknownReservation, match="never reserved"):
@@ -143,7 +146,7 @@ async def test_expired_read_lease_is_refused_at_release():
     await eng.sweep()  # unpins it
     assert BlockKey("ns", blocks[0].block_hash) not in eng.leases.pins
     with pytest.raises(LeaseExpired, match="discard"):
-        plane.release(lease.lease_id)
+        await plane.release(lease.lease_id)
     await eng.close()
 
 
@@ -160,7 +163,7 @@ async def test_delete_of_a_leased_block_defers_freeing_its_bytes():
     assert media_of(sink, "removed") == [Medium.CPU]
     await eng.sweep()
     assert bytes(plane.view(slot)) == bytes(blocks[0].payload)  # the reader's bytes stay
-    plane.release(lease.lease_id)
+    await plane.release(lease.lease_id)
     await eng.sweep()
     assert dram.used_bytes == 0
     await eng.close()
