@@ -5,8 +5,9 @@
   Cluster slot), keyed by (namespace, block hash). Every read checks the whole
   payload against the header's xxh3-64: a value that does not match is a miss,
   is deleted and is counted (``corrupt``), and is never returned.
-* **Batches**: ``put_many`` / ``get_many`` / ``delete_many`` are one pipeline
-  each (a Cluster pipeline sends to every node at once); a block of more chunks
+* **Batches** (:mod:`kvstore.tiers.rediscmds`): ``put_many`` / ``get_many`` /
+  ``delete_many`` are one pipeline each (a Cluster pipeline sends to every node at
+  once); a single read is one MGET of header and chunks; a block of more chunks
   than expected costs one more round trip.
 * **TTL**: every write sets one (``ttl_seconds``, or ``ttl_for(meta)`` when the
   engine installs that hook, e.g. from the policy); with ``refresh_ttl_on_read``
@@ -32,7 +33,6 @@ import math
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import xxhash
@@ -41,30 +41,15 @@ from kvstore.config import RedisConfig
 from kvstore.errors import BlockNotFound, DataCorruption, KVStoreError, TierUnavailable
 from kvstore.tiers._common import as_bytes_view, check_put, tier_full
 from kvstore.tiers.base import RemoteBlock, Tier
-from kvstore.tiers.redisconn import Down, Link, make_client, raise_transient
-from kvstore.tiers.redisformat import (
-    BadValue,
-    Header,
-    KeyNames,
-    chunk_count,
-    decode_header,
-    encode_header,
-)
+from kvstore.tiers.rediscmds import Commands, Write
+from kvstore.tiers.redisconn import Down, Link, make_client
+from kvstore.tiers.redisformat import BadValue, Header, KeyNames, chunk_count, decode_header
 from kvstore.tiers.redisledger import Ledger
 from kvstore.types import BlockKey, BlockMeta, Medium
 
 __all__ = ["RedisTier"]
 
 _HINTS = 4096
-
-
-@dataclass(slots=True)
-class _Write:
-    meta: BlockMeta
-    view: memoryview
-    checksum: int
-    ttl: float
-    old_chunks: int
 
 
 class RedisTier(Tier):
@@ -84,6 +69,7 @@ class RedisTier(Tier):
         self._clock = clock
         self._link = Link(cfg, name, clock=clock, factory=client_factory)
         self._keys = KeyNames(cfg.key_prefix)
+        self._cmds = Commands(self._keys, cfg.chunk_bytes)
         self._ledger = Ledger()
         self._inflight = 0
         self._chunks_seen: OrderedDict[BlockKey, int] = OrderedDict()
@@ -108,7 +94,7 @@ class RedisTier(Tier):
         await self.put_many([(meta, payload)])
 
     async def put_many(self, items: Sequence[tuple[BlockMeta, bytes | memoryview]]) -> None:
-        writes: list[_Write] = []
+        writes: list[Write] = []
         grow = 0
         refused = None
         for meta, payload in items:
@@ -126,7 +112,7 @@ class RedisTier(Tier):
                                     "this sidecar's budget in the shared store")
                 break
             grow += size - freed
-            writes.append(_Write(meta, view, checksum, self._ttl(meta),
+            writes.append(Write(meta, view, checksum, self._ttl(meta),
                                  held.chunks if held is not None else 0))
         if writes:
             await self._write(writes, max(grow, 0))
@@ -142,14 +128,14 @@ class RedisTier(Tier):
         if not keys:
             return []
         try:
-            first = await self._link.run("read", lambda c: self._send_reads(
+            first = await self._link.run("read", lambda c: self._cmds.read(
                 c, [(k, 0, self._chunks_hint(k), True) for k in keys]))
             headers = [self._header(k, vals[0]) for k, vals in zip(keys, first, strict=True)]
             parts = [vals[1:] for vals in first]
             more = [i for i, h in enumerate(headers)
                     if isinstance(h, Header) and h.chunks > len(parts[i])]
             if more:
-                extra = await self._link.run("read", lambda c: self._send_reads(
+                extra = await self._link.run("read", lambda c: self._cmds.read(
                     c, [(keys[i], len(parts[i]), headers[i].chunks, False)  # type: ignore[union-attr]
                         for i in more]))
                 for i, vals in zip(more, extra, strict=True):
@@ -203,12 +189,12 @@ class RedisTier(Tier):
         try:
             unknown = [k for k in keys if k not in chunks]
             if unknown:  # not ours: read its header to learn how many chunks it has
-                heads = await self._link.run("read", lambda c: self._send_reads(
+                heads = await self._link.run("read", lambda c: self._cmds.read(
                     c, [(k, 0, 0, True) for k in unknown]))
                 for key, vals in zip(unknown, heads, strict=True):
                     header = self._header(key, vals[0], count=False)
                     chunks[key] = header.chunks if isinstance(header, Header) else 1
-            return await self._link.run("delete", lambda c: self._send_unlinks(
+            return await self._link.run("delete", lambda c: self._cmds.unlink(
                 c, [(k, chunks[k]) for k in keys]))
         except Down as exc:
             self._count(exc)
@@ -223,32 +209,21 @@ class RedisTier(Tier):
         keys = [BlockKey(namespace, h) for h in hashes[:self.cfg.probe_max_blocks]]
         if not keys:
             return []
-        names = self._keys
-
-        async def send(client: Any) -> list[Any]:
-            pipe = client.pipeline(transaction=False)
-            for key in keys:
-                name = names.header(key)
-                pipe.get(name)
-                pipe.pttl(name)
-            res: list[Any] = raise_transient(await pipe.execute(raise_on_error=False))
-            return res
-
         self._counters["probes"] += 1
         try:
-            res = await self._link.run("probe", send, self.cfg.probe_timeout)
+            res = await self._link.run("probe", lambda c: self._cmds.probe(c, keys),
+                                       self.cfg.probe_timeout)
         except Down as exc:
             self._count(exc)
             return []
         found: list[RemoteBlock] = []
-        for i, key in enumerate(keys):
-            header = self._header(key, res[2 * i], count=False)
+        for key, (raw, pttl) in zip(keys, res, strict=True):
+            header = self._header(key, raw, count=False)
             if not isinstance(header, Header):
                 if isinstance(header, DataCorruption):
                     await self._unlink_quietly([(key, 1)])
                 break
             self._remember_chunks(key, header.chunks)
-            pttl = res[2 * i + 1]
             ttl = pttl / 1000.0 if isinstance(pttl, int) and pttl > 0 else None
             found.append(RemoteBlock(header.meta, ttl))
         self._counters["probe_hits"] += len(found)
@@ -271,28 +246,13 @@ class RedisTier(Tier):
 
     async def set_ttl(self, keys: Sequence[BlockKey], seconds: float) -> int:
         """Give stored blocks a new TTL (``<= 0``: none); the number of blocks found."""
-        plan = [(k, self._chunks_hint(k)) for k in keys]
-        names = self._keys
-
-        async def send(client: Any) -> int:
-            pipe = client.pipeline(transaction=False)
-            for key, n in plan:
-                for name in [names.header(key), *names.chunks(key, n)]:
-                    if seconds > 0:
-                        pipe.pexpire(name, max(1, int(seconds * 1000)))
-                    else:
-                        pipe.persist(name)
-            res = await pipe.execute(raise_on_error=False)
-            spans = [n + 1 for _, n in plan]
-            starts = [sum(spans[:i]) for i in range(len(spans))]
-            return sum(1 for s in starts if res[s] is True or res[s] == 1)
-
+        plan = [(k, self._chunks_hint(k), seconds) for k in keys]
         try:
-            found = await self._link.run("expire", send)
+            found = await self._link.run("expire", lambda c: self._cmds.expire(c, plan))
         except Down as exc:
             self._count(exc)
             return 0
-        for key, _ in plan:
+        for key, _, _ in plan:
             self._ledger.renew(key, self._deadline(seconds), seconds)
         return found
 
@@ -360,10 +320,10 @@ class RedisTier(Tier):
         self._counters["bytes_read"] += meta.size
         return bytes(payload)
 
-    async def _write(self, writes: list[_Write], grow: int) -> None:
+    async def _write(self, writes: list[Write], grow: int) -> None:
         self._inflight += grow
         try:
-            errors = await self._link.run("write", lambda c: self._send_writes(c, writes))
+            errors = await self._link.run("write", lambda c: self._cmds.write(c, writes))
         except Down as exc:
             self._count(exc)
             if exc.kind != "skipped":
@@ -391,46 +351,6 @@ class RedisTier(Tier):
             raise TierUnavailable(
                 f"tier {self.name!r}: {len(failed)} of {len(writes)} blocks not written ({why})")
 
-    async def _send_writes(self, client: Any, writes: list[_Write]) -> list[Exception | None]:
-        size = self.cfg.chunk_bytes
-        pipe = client.pipeline(transaction=False)
-        spans: list[int] = []
-        for w in writes:
-            base = self._keys.base(w.meta.key)
-            n = chunk_count(w.meta.size, size)
-            px = max(1, int(w.ttl * 1000)) if w.ttl > 0 else None
-            for i in range(n):
-                pipe.set(base + b"%d" % i, w.view[i * size:(i + 1) * size], px=px)
-            extra = [base + b"%d" % i for i in range(n, w.old_chunks)]
-            if extra:
-                pipe.execute_command("UNLINK", *extra)
-            # The header goes last: a reader that finds it finds the chunks before it.
-            pipe.set(base + b"h", encode_header(w.meta, w.checksum, size), px=px)
-            spans.append(n + 1 + (1 if extra else 0))
-        res = raise_transient(await pipe.execute(raise_on_error=False))
-        out: list[Exception | None] = []
-        i = 0
-        for span in spans:
-            errs = [r for r in res[i:i + span] if isinstance(r, Exception)]
-            out.append(errs[0] if errs else None)
-            i += span
-        return out
-
-    async def _send_reads(self, client: Any, reqs: list[tuple[BlockKey, int, int, bool]]
-                          ) -> list[list[Any]]:
-        """Per request (key, first chunk, end chunk, with header): [header?, chunks...];
-        one MGET per block (its keys share a slot), pipelined when there are several."""
-        argv = [([self._keys.header(key)] if with_header else [])
-                + self._keys.chunks(key, stop, start) for key, start, stop, with_header in reqs]
-        if len(argv) == 1:
-            return [list(await client.execute_command("MGET", *argv[0]))]
-        pipe = client.pipeline(transaction=False)
-        for names in argv:
-            pipe.execute_command("MGET", *names)
-        res = raise_transient(await pipe.execute(raise_on_error=False))
-        return [[r] * len(names) if isinstance(r, Exception) else list(r)
-                for r, names in zip(res, argv, strict=True)]
-
     async def _renew_due(self, keys: Sequence[BlockKey]) -> None:
         """Renew the TTL of the blocks read whose TTL is more than half gone."""
         now = self._clock()
@@ -441,17 +361,8 @@ class RedisTier(Tier):
                 due.append((key, held.chunks, held.ttl))
         if not due:
             return
-        names = self._keys
-
-        async def send(client: Any) -> None:
-            pipe = client.pipeline(transaction=False)
-            for key, n, ttl in due:
-                for name in [names.header(key), *names.chunks(key, n)]:
-                    pipe.pexpire(name, max(1, int(ttl * 1000)))
-            await pipe.execute(raise_on_error=False)
-
         try:
-            await self._link.run("expire", send)
+            await self._link.run("expire", lambda c: self._cmds.expire(c, due))
         except Down as exc:
             self._count(exc)
             return
@@ -459,17 +370,9 @@ class RedisTier(Tier):
             self._ledger.renew(key, now + ttl)
         self._counters["renewed"] += len(due)
 
-    async def _send_unlinks(self, client: Any, plan: list[tuple[BlockKey, int]]) -> int:
-        pipe = client.pipeline(transaction=False)
-        for key, n in plan:
-            pipe.execute_command("UNLINK", self._keys.header(key))
-            pipe.execute_command("UNLINK", *self._keys.chunks(key, n))
-        res = await pipe.execute(raise_on_error=False)
-        return sum(1 for r in res[0::2] if r == 1)
-
     async def _unlink_quietly(self, plan: list[tuple[BlockKey, int]]) -> None:
         """Best effort (the value is unusable anyway; its TTL removes it otherwise)."""
         try:
-            await self._link.run("delete", lambda c: self._send_unlinks(c, plan))
+            await self._link.run("delete", lambda c: self._cmds.unlink(c, plan))
         except Down as exc:
             self._count(exc)
