@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kvstore.tiers.base import Tier
+from kvstore.tiers.base import CountingTier, Tier
 from kvstore.types import BlockKey, BlockMeta
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ class EngineCollector(Collector):
             hits.add_metric([name], st.tier_hits[name])
             ev.add_metric([name], st.evictions[name])
         yield from (used, cap, blocks, hits, ev)
+        yield self._tier_ops()
         yield CounterMetricFamily("kvstore_lookup_hit_blocks", "Blocks found by lookups",
                                   value=st.lookup_hit_blocks)
         yield CounterMetricFamily("kvstore_lookup_miss_blocks", "Blocks missed by lookups",
@@ -89,6 +90,19 @@ class EngineCollector(Collector):
         yield GaugeMetricFamily("kvstore_quarantined_slots",
                                 "Slots of expired reservations not yet reusable",
                                 value=eng.leases.quarantined)
+
+
+    def _tier_ops(self) -> CounterMetricFamily:
+        """What tiers absorbed without telling the engine (``CountingTier``): e.g. the
+        redis tier's misses, timeouts, unavailable / oom / corrupt values, probes."""
+        fam = CounterMetricFamily("kvstore_tier_ops", "Tier operation outcomes",
+                                  labels=["tier", "outcome"])
+        for name, tier in self.engine.tiers.items():
+            inner = tier.unwrap()
+            if isinstance(inner, CountingTier):
+                for outcome, n in sorted(inner.counters().items()):
+                    fam.add_metric([name, outcome], n)
+        return fam
 
 
 def make_registry(engine: Engine, events: Any = None) -> CollectorRegistry:

@@ -20,6 +20,9 @@ import pytest
 
 from kvstore.config import Config, load_config
 
+#: Real Redis servers and a Redis Cluster (fixtures ``redis_url``, ``redis_cluster``, ...).
+pytest_plugins = ["tests.redis_servers"]
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_TRACES = REPO.parent / "shared" / "traces"
 

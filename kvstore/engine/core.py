@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
 from dataclasses import replace
 
 import xxhash
@@ -29,7 +29,7 @@ from kvstore.engine.mover import Transfer
 from kvstore.engine.placement import Placement
 from kvstore.engine.requests import UNPLANNED, OpenRequest, Requests
 from kvstore.engine.sessions import Sessions, scoped
-from kvstore.errors import InvalidArgument, TierFull
+from kvstore.errors import InvalidArgument, TierFull, Unavailable
 from kvstore.events import EventSink, NullSink
 from kvstore.policies import Hint, Policy, RequestInfo, TierSpec
 from kvstore.policies.cost import CostModel, read_bytes_per_s
@@ -41,9 +41,13 @@ __all__ = ["Engine", "NewBlock"]  # NewBlock re-exported from kvstore.engine.blo
 log = logging.getLogger(__name__)
 
 
-def tier_specs(tiers: Sequence[Tier]) -> list[TierSpec]:
-    """The policy's view of ``tiers`` (bandwidths from the shared cost table)."""
-    return [TierSpec(t.name, t.capacity_bytes, read_bytes_per_s(t.name)) for t in tiers]
+def tier_specs(tiers: Sequence[Tier], bandwidth: Mapping[str, float] | None = None
+               ) -> list[TierSpec]:
+    """The policy's view of ``tiers``: bandwidths from the shared cost table, or from
+    ``bandwidth`` (configured per tier)."""
+    bw = bandwidth or {}
+    return [TierSpec(t.name, t.capacity_bytes, bw.get(t.name) or read_bytes_per_s(t.name))
+            for t in tiers]
 
 
 class Engine(Placement):
@@ -65,6 +69,7 @@ class Engine(Placement):
         quarantine_seconds: float | None = None,
         request_ttl_s: float = 600.0,
         session_ttl_s: float = 7200.0,
+        bandwidth: Mapping[str, float] | None = None,
     ) -> None:
         super().__init__(tiers, policy, events or NullSink(), clock, write_back)
         self.lease_seconds = lease_seconds
@@ -81,7 +86,7 @@ class Engine(Placement):
         #: may still be writing it).
         self.quarantine_seconds = (2 * lease_seconds if quarantine_seconds is None
                                    else quarantine_seconds)
-        self.geometry = Geometry(cost or CostModel(), tier_specs(tiers))
+        self.geometry = Geometry(cost or CostModel(), tier_specs(tiers, bandwidth))
         self.requests = Requests(ttl_s=request_ttl_s)
         self.sessions = Sessions(ttl_s=session_ttl_s)
 
@@ -137,6 +142,8 @@ class Engine(Placement):
         (called periodically by the server)."""
         now = self.clock()
         await self.free_deferred()
+        if self.shared is not None:
+            self.shared.sweep()
         self.leases.expire_leases(now)
         for r in self.leases.expire_reservations(now, self.quarantine_seconds):
             tier = self.tiers[r.tier].unwrap()
@@ -374,6 +381,9 @@ class Engine(Placement):
                 self.stats.puts_cut += 1
                 if not placed:
                     raise
+                return False
+            except Unavailable as exc:  # e.g. the shared tier is down: not stored, no error
+                log.warning("block %s not stored in %s: %s", meta.key, tier, exc)
                 return False
             self.geometry.observe(ns, meta.size, meta.num_tokens)
             self._after_store(entry)

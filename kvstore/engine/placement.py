@@ -14,6 +14,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Container, Hashable, Sequence
+from typing import TYPE_CHECKING
 
 import xxhash
 
@@ -28,6 +29,9 @@ from kvstore.policies import Move, Policy
 from kvstore.tiers._common import check_size
 from kvstore.tiers.base import SlotTier, Tier
 from kvstore.types import BlockKey, BlockMeta, Medium
+
+if TYPE_CHECKING:
+    from kvstore.engine.shared import SharedPrefix
 
 __all__ = ["Placement", "Protected"]
 
@@ -81,6 +85,8 @@ class Placement:
         #: read from them is checked against the block's checksum.
         self._mapped = {name for name, t in self.tiers.items()
                         if isinstance(t.unwrap(), SlotTier)}
+        #: Hooks for a tier other hosts share (kvstore.engine.shared), set by the server.
+        self.shared: SharedPrefix | None = None
 
     # -- protection -----------------------------------------------------------------
     def free_pending(self, key: BlockKey) -> bool:
@@ -283,7 +289,10 @@ class Placement:
 
     def _after_store(self, entry: Entry) -> None:
         """Write-back: queue a copy of a new block where the policy would demote it
-        (the next slower tier by default), so an eviction later is a drop."""
+        (the next slower tier by default), so an eviction later is a drop; and the
+        write-through to a shared tier, if there is one."""
+        if self.shared is not None:
+            self.shared.after_store(entry)
         if self.write_back:
             src = entry.tiers[0]
             dst = self.policy.demote_to(entry.key, src, self.clock())

@@ -44,6 +44,10 @@ def build_tiers(cfg: Config) -> list[Tier]:
         from kvstore.tiers.disk import DiskTier
 
         tiers.append(DiskTier(cfg.disk_path, cfg.disk.capacity, name="disk"))
+    if cfg.redis.enabled:  # shared between hosts: the last stop before a drop
+        from kvstore.tiers.redis import RedisTier
+
+        tiers.append(RedisTier(cfg.redis, name="redis"))
     return tiers
 
 
@@ -136,14 +140,21 @@ class KVStoreServer:
         # bandwidths from the table the replay uses too, block sizes measured per
         # namespace from what is stored.
         cost = CostModel(prefill_tokens_per_s=cfg.engine.prefill_tokens_per_s)
-        policy = policies.create(cfg.engine.policy, tier_specs(tiers), cost=cost)
+        bandwidth = {"redis": cfg.redis.read_bytes_per_s}
+        policy = policies.create(cfg.engine.policy, tier_specs(tiers, bandwidth), cost=cost)
         srv = cfg.server
         self.engine = Engine(
-            tiers, policy, self.events, cost=cost, lease_seconds=srv.lease_seconds,
+            tiers, policy, self.events, cost=cost, bandwidth=bandwidth,
+            lease_seconds=srv.lease_seconds,
             max_block_bytes=srv.max_block_bytes, write_back=cfg.engine.write_back,
             max_hashes=srv.max_hashes_per_call, max_block_tokens=srv.max_block_tokens,
             max_lease_seconds=srv.max_lease_seconds,
             max_pinned_fraction=cfg.dram.max_pinned_fraction)
+        if cfg.redis.enabled:
+            from kvstore.engine.shared import SharedPrefix
+
+            self.engine.shared = SharedPrefix(self.engine, "redis",
+                                              write_through=cfg.redis.write_through)
         self.recovered = await self.engine.start()
 
         opts = [

@@ -101,10 +101,14 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     @_unary
     async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
-        media = self.engine.lookup(request.namespace, list(request.block_hashes),
-                                   request.session_id, request.workload,
-                                   request_id=request.request_id,
-                                   num_tokens=request.num_tokens)
+        eng = self.engine
+        hashes = list(request.block_hashes)
+        repeat = eng.requests.get(request.request_id) is not None
+        media = eng.lookup(request.namespace, hashes, request.session_id, request.workload,
+                           request_id=request.request_id, num_tokens=request.num_tokens)
+        if eng.shared is not None and len(media) < len(hashes):
+            media += await eng.shared.extend(request.namespace, hashes, len(media),
+                                             count=not repeat)
         return pb.LookupResponse(num_hit=len(media), media=[MEDIUM_TO_PB[m] for m in media])
 
     @_unary
