@@ -23,6 +23,7 @@ from kvstore.engine.core import Engine
 from kvstore.engine.dataplane import SlotPlane
 from kvstore.errors import FailedPrecondition, InvalidArgument, KVStoreError
 from kvstore.policies import Hint
+from kvstore.profile.live import LiveProfile
 from kvstore.server.convert import (
     MEDIUM_TO_PB,
     header_to_pb,
@@ -71,11 +72,14 @@ def _stream(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterator[
 
 
 class KVStoreServicer(pb_grpc.KVStoreServicer):
-    def __init__(self, engine: Engine, events: Any = None) -> None:
+    def __init__(self, engine: Engine, events: Any = None,
+                 profile: LiveProfile | None = None) -> None:
         self.engine = engine
         self.plane = SlotPlane.for_engine(engine)
         self.events = events
         self.host_id = host_id()
+        #: The live workload profile, fed one line per Lookup / Put / Commit / Hint.
+        self.profile = profile if profile is not None else LiveProfile()
 
     def _plane(self) -> SlotPlane:
         if self.plane is None:
@@ -89,6 +93,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
         media = self.engine.lookup(request.namespace, list(request.block_hashes),
                                    request.session_id, request.workload)
+        self.profile.on_lookup(request.namespace, request.block_hashes, request.session_id,
+                               request.workload)
         return pb.LookupResponse(num_hit=len(media), media=[MEDIUM_TO_PB[m] for m in media])
 
     @_unary
@@ -98,6 +104,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         async for req in request_iterator:
             blocks = [new_block(b.header, b.payload) for b in req.blocks]
             s, e = await self.engine.put(req.namespace, blocks, req.session_id, req.workload)
+            self.profile.on_store((len(b.payload), len(b.header.token_ids)) for b in req.blocks)
             stored += s
             existing += e
         return pb.PutResponse(stored=stored, existing=existing)
@@ -146,6 +153,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                  for d, h in zip(request.slots, request.headers, strict=True)]
         stored = await self._plane().commit(request.namespace, items, request.session_id,
                                             request.workload)
+        self.profile.on_store((d.length, len(h.token_ids))
+                              for d, h in zip(request.slots, request.headers, strict=True))
         return pb.CommitResponse(stored=stored)
 
     @_unary
@@ -192,6 +201,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             workload=Workload.parse(request.workload).value, tool=request.tool or None,
             expected_gap_s=(request.expected_gap_ms / 1000.0) if request.expected_gap_ms else None,
         )
+        self.profile.on_hint(request.session_id, request.event, request.tool, request.output_tokens)
         return pb.HintResponse(moves=self.engine.hint(hint))
 
     @_unary
@@ -215,6 +225,12 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             version=__version__, sessions=eng.index.sessions(),
             events_published=getattr(self.events, "published", 0) if self.events else 0,
         )
+
+    @_unary
+    async def Profile(self, request: pb.ProfileRequest, context: Any) -> pb.ProfileResponse:
+        from kvstore.profile.wire import to_pb
+
+        return to_pb(self.profile.snapshot())
 
     async def SubscribeEvents(self, request: pb.SubscribeRequest, context: Any
                               ) -> AsyncIterator[pb.EventBatch]:
