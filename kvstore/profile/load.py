@@ -68,18 +68,19 @@ def _first_line(path: Path) -> str:
     raise TraceError(f"{path}: the trace is empty")
 
 
-def _azure_time(text: str, where: str) -> float:
-    """``2023-11-16 18:17:03.9799600`` -> POSIX seconds (naive times read as UTC),
-    keeping every fractional digit (``datetime`` would cut the seventh)."""
+def _azure_time(text: str, where: str) -> tuple[int, float]:
+    """``2023-11-16 18:17:03.9799600`` -> (whole POSIX seconds, fraction), naive
+    times read as UTC. Kept apart so differences keep every fractional digit
+    (``datetime`` cuts the seventh, one float of POSIX seconds the sixth)."""
     head, _, frac = text.strip().partition(".")
     try:
-        base = datetime.fromisoformat(head + "+00:00").timestamp()
-        return base + (float("0." + frac) if frac else 0.0)
+        base = int(datetime.fromisoformat(head + "+00:00").timestamp())
+        return base, (float("0." + frac) if frac else 0.0)
     except ValueError as exc:
         raise TraceError(f"{where}: TIMESTAMP {text!r} is not 'YYYY-MM-DD HH:MM:SS[.f]'") from exc
 
 
-def _iter_azure(path: Path) -> Iterator[tuple[float, int, int]]:
+def _iter_azure(path: Path) -> Iterator[tuple[tuple[int, float], int, int]]:
     with _open(path) as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
@@ -116,8 +117,8 @@ def load(path: str | Path, progress: Progress = no_progress) -> Trace:
         recs = sorted(progress(_iter_azure(p), None, "loading"), key=lambda x: x[0])
         if not recs:
             raise TraceError(f"{p}: the trace has a header and no requests")
-        t0 = recs[0][0]
-        times = [t - t0 for t, _, _ in recs]
+        s0, f0 = recs[0][0]
+        times = [(s - s0) + (f - f0) for (s, f), _, _ in recs]
         reqs = [Request(round(1000 * t), inp, out, ()) for t, (_, inp, out) in
                 zip(times, recs, strict=True)]
         return Trace(str(p), "azure", reqs, times)

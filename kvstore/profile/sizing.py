@@ -70,7 +70,8 @@ def blocks_for(points: Sequence[tuple[int, float]], hit_rate: float) -> int | No
         if h >= hit_rate:
             if h <= prev_h:
                 return b
-            return max(1, math.ceil(prev_b + (b - prev_b) * (hit_rate - prev_h) / (h - prev_h)))
+            need = prev_b + (b - prev_b) * (hit_rate - prev_h) / (h - prev_h)
+            return max(1, math.ceil(need - 1e-9))  # no extra block for float noise
         prev_b, prev_h = b, max(prev_h, h)
     return None
 
