@@ -6,9 +6,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from kvstore.policies.cost import CostModel
 
 from kvstore.config import load_config, parse_size
-from kvstore.policies.cost import CostModel
 from kvstore.profile.curves import capacity_grid, measure_curve
 from kvstore.profile.load import Trace
 from kvstore.profile.model import Curve, CurvePoint

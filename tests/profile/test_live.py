@@ -41,7 +41,7 @@ def h(i: int) -> bytes:
     return i.to_bytes(8, "big")
 
 
-# -- bounds ------------------------------------------------------------------------------------
+# -- bounds -----------------------------------------------------------------------------------
 def test_window_ring_and_block_cap() -> None:
     clock = Clock()
     live = LiveProfile(window_s=100.0, max_requests=3, max_blocks=4, clock=clock)
@@ -86,7 +86,7 @@ def test_hints_and_stores() -> None:
         LiveProfile(window_s=0)
 
 
-# -- a real server ---------------------------------------------------------------------------------
+# -- a real server ----------------------------------------------------------------------------
 def drive(address: str, clock: Clock, reqs: Sequence[Request], shared_memory: bool) -> int:
     """Send each request as a connector would: lookup, put the missed blocks, hint."""
     hit = 0

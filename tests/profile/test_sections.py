@@ -15,7 +15,7 @@ from kvstore.profile.load import Trace
 from kvstore.profile.model import Row
 from kvstore.profile.quadrants import AGENT_INPUT, LONG_INPUT, LONG_OUTPUT, classify
 from kvstore.profile.report import trace_rows
-from kvstore.profile.reuse import UnboundedCache, reuse_stats
+from kvstore.profile.reuse import reuse_stats
 from kvstore.profile.sections import profile_rows
 from kvstore.profile.sessions import session_stats
 from kvstore.replay.generate import GenConfig, generate
@@ -27,7 +27,7 @@ def mooncake(reqs: list[Request]) -> Trace:
     return Trace("t.jsonl", fmt, reqs, [r.timestamp_ms / 1000 for r in reqs])
 
 
-# -- distributions -------------------------------------------------------------------------
+# -- distributions ----------------------------------------------------------------------------
 def test_percentiles_match_numpy() -> None:
     rng = random.Random(3)
     for n in (1, 2, 7, 100, 1001):
@@ -53,7 +53,7 @@ def test_cv() -> None:
     assert cv(gaps) == pytest.approx(1.0, abs=0.03)  # Poisson arrivals
 
 
-# -- lengths and quadrants ---------------------------------------------------------------------
+# -- lengths and quadrants --------------------------------------------------------------------
 def test_quadrant_thresholds() -> None:
     assert classify(LONG_INPUT - 1, LONG_OUTPUT - 1) == "chat"
     assert classify(LONG_INPUT, LONG_OUTPUT - 1) == "rag"
@@ -94,7 +94,7 @@ def test_generated_quadrants(kind: str, quadrant: str | None) -> None:
         assert ln.output_tokens == Dist.of([4000] * len(reqs))
 
 
-# -- arrival -------------------------------------------------------------------------------------
+# -- arrival ----------------------------------------------------------------------------------
 def test_bins_count_complete_bins_only() -> None:
     times = [0.0, 10.0, 59.9, 60.0, 61.0, 130.0]  # bins [0,60): 3, [60,120): 2; 130 is partial
     assert bin_counts(times, 60.0) == [3, 2]
@@ -116,9 +116,11 @@ def test_arrival_stats_known_pattern() -> None:
     assert a.span_s == 4 * 3600
     assert a.requests_per_minute == pytest.approx(161 / 240)
     assert a.per_minute is not None and a.per_minute.count == 240
-    assert a.interarrival_cv == pytest.approx(cv([b - x for x, b in zip(times, times[1:])]))
+    gaps = [b - x for x, b in zip(times, times[1:], strict=False)]
+    assert a.interarrival_cv == pytest.approx(cv(gaps))
     short = arrival_stats(times[:61])  # one hour: minute bins
-    assert short.bin_s == 60 and default_bin_s(2.9 * 3600) == 60 and default_bin_s(3 * 3600) == 3600
+    assert short.bin_s == 60
+    assert default_bin_s(2.9 * 3600) == 60 and default_bin_s(3 * 3600) == 3600
     assert arrival_stats([0.0, 1.0, 2.0, 3.0]).interarrival_cv == 0.0  # perfectly regular
 
 
@@ -129,7 +131,7 @@ def test_empty_bin_has_no_ratio() -> None:
     assert one.bins == 1 and one.peak_to_trough is None
 
 
-# -- reuse ------------------------------------------------------------------------------------------
+# -- reuse ------------------------------------------------------------------------------------
 def test_unbounded_reuse_counts_prefixes_only() -> None:
     reqs = [Request(0, 1536, 10, (1, 2, 3)), Request(1, 1536, 10, (1, 2, 4)),
             Request(2, 1536, 10, (5, 2, 3)), Request(3, 512, 10, (1,))]
@@ -153,7 +155,7 @@ def test_batch_reuse_is_its_template() -> None:
     assert reuse.distinct_blocks == sum(len(r.hash_ids) for r in reqs) - 2 * (len(reqs) - 1)
 
 
-# -- sessions -----------------------------------------------------------------------------------------
+# -- sessions ---------------------------------------------------------------------------------
 def test_session_gaps_by_kind() -> None:
     tc, user, end = After("tool_call", "search"), After("user"), After("end")
     reqs = [
@@ -191,7 +193,7 @@ def test_generated_agent_sessions() -> None:
         by.setdefault(r.session_id or "", []).append(r)
     assert s.calls_per_session == Dist.of([len(v) for v in by.values()])
     back = [min((len(p.hash_ids) - 1) * 512, c.input_length)
-            for v in by.values() for p, c in zip(v, v[1:])]
+            for v in by.values() for p, c in zip(v, v[1:], strict=False)]
     assert s.read_back_tokens == Dist.of(back)
     gaps = s.gaps_s["tool_call"]
     assert gaps.count == sum(len(v) - 1 for v in by.values()) and gaps.min > 2.0
