@@ -13,7 +13,7 @@ from typing import Any
 from kvstore.profile.arrival import bin_counts
 from kvstore.profile.model import Curve, Profile, Row
 from kvstore.profile.quadrants import AGENT_INPUT, LONG_INPUT, LONG_OUTPUT, QUADRANTS
-from kvstore.profile.sessions import UNLABELLED
+from kvstore.profile.sessions import UNLABELLED, gap_order
 
 __all__ = ["write_plots"]
 
@@ -128,7 +128,8 @@ def _gaps(rows: Sequence[Row], title: str, path: Path) -> bool:
     hi = max(max(v) for v in by.values())
     edges = [lo * (hi / lo) ** (i / 40) for i in range(41)] if hi > lo else [lo * 0.9, lo * 1.1]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for kind, vals in sorted(by.items()):
+    for kind in gap_order(by):
+        vals = by[kind]
         ax.hist(vals, bins=edges, histtype="step", lw=1.5, label=f"after {kind} ({len(vals):,})")
     ax.set_xscale("log")
     ax.set_xlabel(f"gap to the session's next call (s; under {_MIN_GAP_S:g} s drawn at "

@@ -4,6 +4,7 @@ sizing advice."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from kvstore.profile.curves import DEFAULT_POINTS, DEFAULT_POLICIES, capacity_grid, measure_curve
 from kvstore.profile.load import MOONCAKE_BLOCK_TOKENS, Progress, Trace, no_progress
@@ -64,6 +65,4 @@ def profile_trace(trace: Trace, *, curve: bool = True,
     cur = measure_curve(trace.requests, caps, policies, prof.reuse.unbounded_hit_rate,
                         block_bytes=bpt * bt, progress=replay_progress, bar=progress)
     size = sizing(cur, bt, name, bpt, trace.path)
-    from dataclasses import replace
-
     return replace(prof, curve=cur, sizing=size), rows

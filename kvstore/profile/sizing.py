@@ -108,8 +108,8 @@ def _toml(targets: Sequence[Target], model: str, bpt: int, block_tokens: int,
         lines.append("")
         lines.append(f"[{tier}]")
         if t.gb is None:
-            lines.append(f"# {100 * t.share:.0f}% of the reuse was not reached on the "
-                         "measured grid: profile with more --points")
+            lines.append(f"# {100 * t.share:.0f}% of the reuse was not reached at the measured "
+                         "capacities: measure larger ones (--points, --capacities)")
         else:
             lines.append(f"capacity = {_size(t.gb)}  # {100 * t.share:.0f}% of the unbounded "
                          f"hit rate ({100 * t.hit_rate:.1f}%)")

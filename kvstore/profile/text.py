@@ -56,13 +56,13 @@ def _curve(c: Curve, block_tokens: int, bpt: int | None) -> list[str]:
 
 def _sizing(s: Sizing) -> list[str]:
     out = [f"Sizing for {s.model} ({s.kv_bytes_per_token:,} B of KV per token)",
-           f"  {'target':>8}{'tier':>6}{'hit rate':>10}{'blocks':>10}{'GB':>9}  "
+           f"  {'target':>8}{'tier':>6}{'hit rate':>10}{'blocks':>13}{'GB':>9}  "
            f"{'best policy':12}{'belady blocks':>14}"]
     for t in s.targets:
         blocks = "not reached" if t.blocks is None else f"{t.blocks:,}"
         gb = "" if t.gb is None else f"{t.gb:.1f}"
         bel = "-" if t.belady_blocks is None else f"{t.belady_blocks:,}"
-        out.append(f"  {100 * t.share:>7.0f}%{t.tier:>6}{_pct(t.hit_rate):>10}{blocks:>10}"
+        out.append(f"  {100 * t.share:>7.0f}%{t.tier:>6}{_pct(t.hit_rate):>10}{blocks:>13}"
                    f"{gb:>9}  {t.policy or '-':12}{bel:>14}")
     out.append("")
     out += ["  " + line if line else "" for line in s.toml.rstrip("\n").split("\n")]
@@ -86,7 +86,7 @@ def format_profile(p: Profile) -> str:
             for q, n in ln.quadrants.items()]
     if ln.workloads:
         out.append("  declared: " + ", ".join(f"{w} {n:,}" for w, n in ln.workloads.items()))
-    ptt = ("unbounded (an empty bin)" if a.peak_to_trough is None and a.bins >= 2
+    ptt = ("unbounded" if a.peak_to_trough is None and a.bins >= 2
            else "n/a" if a.peak_to_trough is None else f"{a.peak_to_trough:.2f}x")
     bins = "hourly" if a.bin_s == 3600 else "per-minute" if a.bin_s == 60 else f"{a.bin_s:g} s"
     cv = "n/a" if a.interarrival_cv is None else f"{a.interarrival_cv:.2f}"
