@@ -32,11 +32,13 @@ LONG_TRACE = 5000
 
 
 def _capacities(text: str) -> list[int]:
-    from kvstore.replay.cli import block_counts
-
-    vals = block_counts(text)
-    if any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"capacities must be >= 1 block, got {text!r}")
+    try:
+        vals = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        vals = []
+    if not vals or any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(
+            f"expected block counts >= 1 like 1000,5000, got {text!r}")
     return vals
 
 

@@ -8,11 +8,10 @@ request, and its output length when the hint carries it). :meth:`snapshot`
 runs the offline section functions over the window.
 
 Bounds: the last ``max_requests`` requests within ``window_s`` seconds (a ring),
-and for prefix reuse the last ``max_blocks`` distinct blocks seen within the
-window (an insertion-ordered set refreshed on each sighting, oldest forgotten
-first). Each request's reuse is measured when it arrives, against the blocks
-seen before it in the window; until the set fills, that is exactly the
-unbounded cache of the offline profile.
+and for prefix reuse at most ``max_blocks`` recently seen blocks
+(:class:`RecentBlocks`). Each request's reuse is measured when it arrives,
+against the blocks seen before it; until a generation of blocks closes, that is
+exactly the unbounded cache of the offline profile.
 
 What the sidecar cannot see: input length is counted in whole hashed blocks
 (vLLM hashes full blocks only), output length only from hints that carry it,
@@ -24,13 +23,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 from kvstore.profile.model import Profile, Row
 from kvstore.profile.sections import profile_rows
 
-__all__ = ["HINT_AFTER", "LiveProfile"]
+__all__ = ["HINT_AFTER", "LiveProfile", "RecentBlocks"]
 
 #: Hint events that say what follows a session's last request (as trace ``after``).
 HINT_AFTER = {"tool_call": "tool_call", "turn_end": "user", "session_end": "end"}
@@ -56,6 +55,61 @@ class _Call:
         self.output: int | None = None
 
 
+class RecentBlocks:
+    """Blocks seen lately, per namespace, in two generations: a block counts as
+    seen while it is in either. The current generation closes when it holds
+    ``max_blocks / 2`` blocks or is half a window old; the one before it is then
+    forgotten. So a block is remembered for half a window to a window (less when
+    ``max_blocks / 2`` newer blocks arrive first), in at most ~``max_blocks``
+    entries, at the cost of one set insert per block."""
+
+    __slots__ = ("_cur", "_cur_size", "_gen_cap", "_prev", "_start", "window_s")
+
+    def __init__(self, window_s: float, max_blocks: int) -> None:
+        self.window_s = window_s
+        self._gen_cap = max(1, max_blocks // 2)
+        self._cur: dict[str, set[bytes]] = {}
+        self._prev: dict[str, set[bytes]] = {}
+        self._cur_size = 0
+        self._start: float | None = None
+
+    def __len__(self) -> int:
+        return self._cur_size + sum(len(s) for s in self._prev.values())
+
+    def _roll(self, now: float) -> None:
+        if self._start is None:
+            self._start = now
+        age = now - self._start
+        if age >= self.window_s:  # both generations are older than the window
+            self._prev = {}
+        elif age >= self.window_s / 2 or self._cur_size >= self._gen_cap:
+            self._prev = self._cur
+        else:
+            return
+        self._cur, self._cur_size, self._start = {}, 0, now
+
+    def lookup(self, namespace: str, hashes: Sequence[bytes], now: float) -> int:
+        """The leading blocks of ``hashes`` seen before; then remembers them all."""
+        self._roll(now)
+        cur = self._cur.setdefault(namespace, set())
+        prev = self._prev.get(namespace, set())
+        hits = 0
+        for h in hashes:
+            if h not in cur and h not in prev:
+                break
+            hits += 1
+        before = len(cur)
+        cur.update(hashes)
+        self._cur_size += len(cur) - before
+        if self._cur_size >= self._gen_cap:
+            self._roll(now)
+        return hits
+
+    def expire(self, now: float) -> None:
+        if self._start is not None and now - self._start >= self.window_s / 2:
+            self._roll(now)
+
+
 class LiveProfile:
     """Thread-safe: the servicer's event loop writes, metric scrapes read."""
 
@@ -63,39 +117,38 @@ class LiveProfile:
                  max_blocks: int = 262_144, clock: Callable[[], float] = time.time) -> None:
         if window_s <= 0 or max_requests < 1 or max_blocks < 1:
             raise ValueError("window_s, max_requests and max_blocks must be positive")
-        self.window_s = window_s
-        self.max_blocks = max_blocks
+        self._window_s = window_s
         self.clock = clock
         self._calls: deque[_Call] = deque(maxlen=max_requests)
         self._last: dict[str, _Call] = {}
-        self._seen: OrderedDict[int, float] = OrderedDict()
+        self._blocks = RecentBlocks(window_s, max_blocks)
         self._block_tokens = 0
         self._stored_bytes = 0
         self._stored_tokens = 0
         self._lock = threading.Lock()
 
+    @property
+    def window_s(self) -> float:
+        return self._window_s
+
+    @window_s.setter
+    def window_s(self, value: float) -> None:
+        if value <= 0:
+            raise ValueError(f"window_s must be > 0, got {value}")
+        self._window_s = self._blocks.window_s = value
+
     # -- feeding (one call per RPC) ---------------------------------------------------
     def on_lookup(self, namespace: str, hashes: Sequence[bytes], session_id: str = "",
                   workload: str = "") -> None:
         now = self.clock()
-        keys = [hash((namespace, h)) for h in hashes]
+        hashes = list(hashes)  # (a protobuf field makes new bytes on every pass)
         with self._lock:
             self._expire(now)
-            seen = self._seen
-            hits = 0
-            for k in keys:
-                if k not in seen:
-                    break
-                hits += 1
-            for k in keys:
-                seen[k] = now
-                seen.move_to_end(k)
-            while len(seen) > self.max_blocks:
-                seen.popitem(last=False)
+            hits = self._blocks.lookup(namespace, hashes, now)
             calls = self._calls
             if len(calls) == calls.maxlen:
                 self._forget(calls[0])
-            call = _Call(now, len(keys), hits, session_id or None, workload or None)
+            call = _Call(now, len(hashes), hits, session_id or None, workload or None)
             calls.append(call)
             if call.session is not None:
                 self._last[call.session] = call
@@ -132,12 +185,7 @@ class LiveProfile:
         calls = self._calls
         while calls and calls[0].t < start:
             self._forget(calls.popleft())
-        seen = self._seen
-        while seen:
-            k, t = next(iter(seen.items()))
-            if t >= start:
-                break
-            del seen[k]
+        self._blocks.expire(now)
 
     def rows(self) -> tuple[list[Row], int]:
         """The window's requests as profile rows, and the tokens per block."""

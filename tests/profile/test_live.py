@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvstore.cli import main
 from kvstore.client import KVStoreClient
 from kvstore.profile.dist import Dist
-from kvstore.profile.live import LiveProfile
+from kvstore.profile.live import LiveProfile, RecentBlocks
 from kvstore.profile.load import Trace
 from kvstore.profile.model import Profile
 from kvstore.profile.report import trace_rows
@@ -55,8 +55,7 @@ def test_window_ring_and_block_cap() -> None:
     live.on_lookup("ns", [h(5), h(6)])  # ring of 3: the first request goes
     rows, _ = live.rows()
     assert [r.t_s for r in rows] == [10, 10, 20]
-    # the set holds 4 blocks: storing 5 and 6 forgot the least recently seen, (ns, 1)
-    # and (ns, 2)
+    # generations of 2 blocks: storing 5 and 6 closed the one holding (ns, 1, 2, 3)
     clock.now = 30
     live.on_lookup("ns", [h(1), h(2), h(3)])
     assert live.rows()[0][-1].hit_blocks == 0  # (ns, 1) was forgotten by the block cap
@@ -84,6 +83,22 @@ def test_hints_and_stores() -> None:
     assert any("output length" in n for n in snap.notes)
     with pytest.raises(ValueError):
         LiveProfile(window_s=0)
+
+
+def test_recent_blocks_generations() -> None:
+    a, b, c = h(1), h(2), h(3)
+    rb = RecentBlocks(window_s=100.0, max_blocks=1000)
+    assert rb.lookup("ns", [a], 0.0) == 0
+    assert rb.lookup("ns", [b], 60.0) == 0  # half a window: a's generation closes
+    assert rb.lookup("ns", [a, b], 70.0) == 2  # the closed generation still counts
+    assert rb.lookup("ns", [c], 130.0) == 0  # closes again: the t=0 generation goes
+    assert rb.lookup("ns", [b, a], 140.0) == 2  # both were seen again at t=70
+    rb.expire(300.0)  # a whole window later: nothing is remembered
+    assert len(rb) == 0 and rb.lookup("ns", [b], 300.0) == 0
+    small = RecentBlocks(window_s=1e9, max_blocks=10)
+    for i in range(100):
+        small.lookup("ns", [h(1000 + i)], float(i))
+        assert len(small) <= 10
 
 
 # -- a real server ----------------------------------------------------------------------------
