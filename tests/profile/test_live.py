@@ -4,8 +4,10 @@ requests (over gRPC, on /metrics and through ``kvstore profile --server``)."""
 
 from __future__ import annotations
 
+import json
 import urllib.request
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -142,7 +144,7 @@ def metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 @pytest.mark.parametrize("shared_memory", [True, False], ids=["shm-commit", "grpc-put"])
-def test_live_profile_matches_offline(server_factory: Any, shared_memory: bool,
+def test_live_profile_matches_offline(server_factory: Any, shared_memory: bool, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     reqs = generate("mixed", GenConfig(sessions=14, duration_s=900, seed=11, scale=0.02))
     assert len({r.session_id for r in reqs}) == 14 and len(reqs) > 40
@@ -184,7 +186,22 @@ def test_live_profile_matches_offline(server_factory: Any, shared_memory: bool,
     assert m[("kvstore_profile_quadrant_requests", (("quadrant", "chat"),))] == \
         want.lengths.quadrants["chat"]
 
-    assert main(["profile", "--server", srv.address]) == 0
+    out_json = tmp_path / "live.json"
+    assert main(["profile", "--server", srv.address, "--json", str(out_json)]) == 0
     text = capsys.readouterr().out
+    doc = json.loads(out_json.read_text())
+    assert doc["format"] == "live" and doc["requests"] == len(reqs) and doc["curve"] is None
+    assert doc["reuse"]["unbounded_hit_rate"] == want.reuse.unbounded_hit_rate
     assert f"(live, window 1000000000 s): {len(reqs)} requests" in text
     assert "Sessions: 14 (from session ids)" in text and "Hit rate vs capacity" not in text
+
+
+async def test_async_client_profile(server: Any) -> None:
+    from kvstore.client import AsyncKVStoreClient
+
+    async with AsyncKVStoreClient(server.address, shared_memory=False) as kv:
+        await kv.lookup("m", [h(1), h(2)], session_id="s1", workload="chat")
+        await kv.hint("s1", "turn_end", workload="chat", output_tokens=42)
+        prof = await kv.profile()
+    assert prof.requests == 1 and prof.lengths.output_tokens == Dist.of([42])
+    assert prof.sessions is not None and prof.sessions.sessions == 1
