@@ -5,6 +5,7 @@ from __future__ import annotations
 from kvstore.profile.dist import Dist
 from kvstore.profile.model import Curve, Profile, Sessions, Sizing
 from kvstore.profile.quadrants import AGENT_INPUT, LONG_INPUT, LONG_OUTPUT, QUADRANTS
+from kvstore.profile.sizing import MODELS
 
 __all__ = ["format_profile"]
 
@@ -64,6 +65,13 @@ def _sizing(s: Sizing) -> list[str]:
         bel = "-" if t.belady_blocks is None else f"{t.belady_blocks:,}"
         out.append(f"  {100 * t.share:>7.0f}%{t.tier:>6}{_pct(t.hit_rate):>10}{blocks:>13}"
                    f"{gb:>9}  {t.policy or '-':12}{bel:>14}")
+    if all(t.blocks for t in s.targets):
+        out.append("  the same blocks for other models, GB at " +
+                   " / ".join(f"{100 * t.share:.0f}%" for t in s.targets) + ":")
+        for m in MODELS.values():
+            gbs = " / ".join(f"{(t.blocks or 0) * s.block_tokens * m.bytes_per_token / 1e9:,.1f}"
+                             for t in s.targets)
+            out.append(f"    {m.name:16}{m.bytes_per_token:>9,} B/token  {gbs}")
     out.append("")
     out += ["  " + line if line else "" for line in s.toml.rstrip("\n").split("\n")]
     return out
