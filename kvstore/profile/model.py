@@ -175,6 +175,10 @@ class Target:
     policy: str | None
     #: Blocks the offline optimum needs (the bound).
     belady_blocks: int | None
+    #: ``blocks`` (``belady_blocks``) is only an upper bound: the smallest
+    #: capacity measured already reached the target.
+    at_most: bool = False
+    belady_at_most: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +194,8 @@ class Sizing:
                 "block_tokens": self.block_tokens,
                 "targets": [{"share": t.share, "tier": t.tier, "hit_rate": t.hit_rate,
                              "blocks": t.blocks, "gb": t.gb, "policy": t.policy,
-                             "belady_blocks": t.belady_blocks} for t in self.targets],
+                             "belady_blocks": t.belady_blocks, "at_most": t.at_most,
+                             "belady_at_most": t.belady_at_most} for t in self.targets],
                 "toml": self.toml}
 
 

@@ -10,8 +10,9 @@ engine's own GPU cache (HBM) should hold, 80% the DRAM tier, 95% the disk tier.
 Tiers are inclusive (the sidecar keeps a copy of what the engine holds, and
 write-back copies DRAM to disk), so each is sized for its whole target. The
 capacity a policy needs is interpolated linearly between the measured points
-of its curve (from 0 blocks, 0 hits), which errs on the large side for a
-concave curve; a target above every measured point is "not reached".
+of its curve, which errs on the large side for a concave curve; a target the
+smallest measured capacity already reaches is reported as "at most" that
+capacity, and one above every measured point as "not reached".
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 from kvstore.profile.model import Curve, Sizing, Target
 
-__all__ = ["MODELS", "TARGETS", "ModelKV", "blocks_for", "model_kv", "sizing"]
+__all__ = ["MODELS", "TARGETS", "ModelKV", "model_kv", "needed_blocks", "sizing"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,20 +61,26 @@ def model_kv(name: str) -> ModelKV:
                          "--kv-bytes-per-token)") from None
 
 
-def blocks_for(points: Sequence[tuple[int, float]], hit_rate: float) -> int | None:
-    """Fewest blocks at which the curve (sorted (blocks, hit rate) points, from
-    the origin) reaches ``hit_rate``, interpolated linearly; None if never."""
+def needed_blocks(points: Sequence[tuple[int, float]], hit_rate: float
+                  ) -> tuple[int | None, bool]:
+    """Fewest blocks at which the curve (sorted (blocks, hit rate) points) reaches
+    ``hit_rate``, interpolated linearly between measured points, and whether that
+    is only an upper bound (reached already at the smallest measured capacity).
+    (None, False) when no measured point reaches it."""
     if hit_rate <= 0:
-        return 0
+        return 0, False
+    if points and points[0][1] >= hit_rate:
+        return points[0][0], True
     prev_b, prev_h = 0, 0.0
     for b, h in points:
         if h >= hit_rate:
             if h <= prev_h:
-                return b
+                return b, False
             need = prev_b + (b - prev_b) * (hit_rate - prev_h) / (h - prev_h)
-            return max(1, math.ceil(need - 1e-9))  # no extra block for float noise
-        prev_b, prev_h = b, max(prev_h, h)
-    return None
+            return max(1, math.ceil(need - 1e-9)), False  # no extra block for float noise
+        if h > prev_h:
+            prev_b, prev_h = b, h
+    return None, False
 
 
 def _gb(blocks: int, block_tokens: int, bytes_per_token: int) -> float:
@@ -95,7 +102,8 @@ def _toml(targets: Sequence[Target], model: str, bpt: int, block_tokens: int,
                            "workload; keep the defaults"]) + "\n"
     hbm = by.get("hbm")
     if hbm is not None and hbm.gb is not None:
-        lines.append(f"# HBM: leave >= {hbm.gb:.1f} GB of KV cache to the engine (vLLM "
+        most = " (or less)" if hbm.at_most else ""
+        lines.append(f"# HBM: leave >= {hbm.gb:.1f} GB{most} of KV cache to the engine (vLLM "
                      f"--gpu-memory-utilization) for {100 * hbm.share:.0f}% of the reuse")
     policy = next((t.policy for t in (by.get("dram"), hbm, by.get("disk"))
                    if t is not None and t.policy), None)
@@ -111,9 +119,21 @@ def _toml(targets: Sequence[Target], model: str, bpt: int, block_tokens: int,
             lines.append(f"# {100 * t.share:.0f}% of the reuse was not reached at the measured "
                          "capacities: measure larger ones (--points, --capacities)")
         else:
+            bound = " or less (the smallest capacity measured)" if t.at_most else ""
             lines.append(f"capacity = {_size(t.gb)}  # {100 * t.share:.0f}% of the unbounded "
-                         f"hit rate ({100 * t.hit_rate:.1f}%)")
+                         f"hit rate ({100 * t.hit_rate:.1f}%){bound}")
     return "\n".join(lines) + "\n"
+
+
+def _best(curve: Curve, policies: Sequence[str],
+          needs: dict[str, tuple[int | None, bool]]) -> str:
+    """The policy that needs the fewest blocks; at equal blocks (two upper bounds
+    at the smallest capacity) the higher hit rate there; then the order given."""
+    def rank(p: str) -> tuple[int, float, int]:
+        blocks = needs[p][0] or 0
+        return blocks, -dict(curve.of(p)).get(blocks, 0.0), policies.index(p)
+
+    return min(needs, key=rank)
 
 
 def sizing(curve: Curve, block_tokens: int, model: str, kv_bytes_per_token: int,
@@ -125,14 +145,14 @@ def sizing(curve: Curve, block_tokens: int, model: str, kv_bytes_per_token: int,
     targets = []
     for share, tier in TARGETS:
         want = share * curve.unbounded_hit_rate
-        needs = {p: b for p in policies if (b := blocks_for(curve.of(p), want)) is not None}
-        best = min(needs, key=lambda p: (needs[p], policies.index(p))) if needs else None
-        if want <= 0:
-            best = None
-        blocks = 0 if want <= 0 else None if best is None else needs[best]
+        needs = {p: n for p in policies if (n := needed_blocks(curve.of(p), want))[0] is not None}
+        best = _best(curve, policies, needs) if needs and want > 0 else None
+        blocks, at_most = (0, False) if want <= 0 else needs[best] if best else (None, False)
+        bel_blocks, bel_at_most = needed_blocks(curve.of("belady"), want)
         targets.append(Target(
             share=share, tier=tier, hit_rate=want, blocks=blocks,
             gb=None if blocks is None else _gb(blocks, block_tokens, kv_bytes_per_token),
-            policy=best, belady_blocks=blocks_for(curve.of("belady"), want)))
+            policy=best, belady_blocks=bel_blocks, at_most=at_most,
+            belady_at_most=bel_at_most))
     return Sizing(model, kv_bytes_per_token, block_tokens, tuple(targets),
                   _toml(targets, model, kv_bytes_per_token, block_tokens, source))

@@ -57,14 +57,18 @@ def _curve(c: Curve, block_tokens: int, bpt: int | None) -> list[str]:
 
 def _sizing(s: Sizing) -> list[str]:
     out = [f"Sizing for {s.model} ({s.kv_bytes_per_token:,} B of KV per token)",
-           f"  {'target':>8}{'tier':>6}{'hit rate':>10}{'blocks':>13}{'GB':>9}  "
+           f"  {'target':>8}{'tier':>6}{'hit rate':>10}{'blocks':>13}{'GB':>12}  "
            f"{'best policy':12}{'belady blocks':>14}"]
     for t in s.targets:
-        blocks = "not reached" if t.blocks is None else f"{t.blocks:,}"
-        gb = "" if t.gb is None else f"{t.gb:.1f}"
-        bel = "-" if t.belady_blocks is None else f"{t.belady_blocks:,}"
+        le = "<= " if t.at_most else ""
+        blocks = "not reached" if t.blocks is None else f"{le}{t.blocks:,}"
+        gb = "" if t.gb is None else f"{le}{t.gb:.1f}"
+        bel = ("-" if t.belady_blocks is None
+               else f"{'<= ' if t.belady_at_most else ''}{t.belady_blocks:,}")
         out.append(f"  {100 * t.share:>7.0f}%{t.tier:>6}{_pct(t.hit_rate):>10}{blocks:>13}"
-                   f"{gb:>9}  {t.policy or '-':12}{bel:>14}")
+                   f"{gb:>12}  {t.policy or '-':12}{bel:>14}")
+    if any(t.at_most for t in s.targets):
+        out.append("  <=: the smallest capacity measured already reaches it (add --points)")
     if all(t.blocks for t in s.targets):
         out.append("  the same blocks for other models, GB at " +
                    " / ".join(f"{100 * t.share:.0f}%" for t in s.targets) + ":")

@@ -13,7 +13,7 @@ from kvstore.profile.curves import capacity_grid, measure_curve
 from kvstore.profile.load import Trace
 from kvstore.profile.model import Curve, CurvePoint
 from kvstore.profile.report import profile_trace
-from kvstore.profile.sizing import MODELS, blocks_for, model_kv, sizing
+from kvstore.profile.sizing import MODELS, model_kv, needed_blocks, sizing
 from kvstore.replay.generate import GenConfig, generate
 
 
@@ -35,13 +35,14 @@ def test_capacity_grid_doubles_up_to_the_footprint() -> None:
         capacity_grid(0)
 
 
-def test_blocks_for_interpolates_linearly() -> None:
+def test_needed_blocks_interpolates_between_measured_points() -> None:
     pts = [(100, 0.1), (200, 0.3), (400, 0.3)]
-    assert blocks_for(pts, 0.05) == 50   # from the origin
-    assert blocks_for(pts, 0.2) == 150
-    assert blocks_for(pts, 0.3) == 200
-    assert blocks_for(pts, 0.31) is None
-    assert blocks_for(pts, 0.0) == 0
+    assert needed_blocks(pts, 0.05) == (100, True)  # at most: nothing smaller was measured
+    assert needed_blocks(pts, 0.1) == (100, True)
+    assert needed_blocks(pts, 0.2) == (150, False)
+    assert needed_blocks(pts, 0.3) == (200, False)
+    assert needed_blocks(pts, 0.31) == (None, False)
+    assert needed_blocks(pts, 0.0) == (0, False)
 
 
 def test_sizing_targets_policy_and_toml(tmp_path: Path) -> None:
@@ -52,11 +53,14 @@ def test_sizing_targets_policy_and_toml(tmp_path: Path) -> None:
            CurvePoint("belady", 1000, 0.35), CurvePoint("belady", 2000, 0.40),
            CurvePoint("belady", 4000, 0.40)]
     s = sizing(Curve(tuple(pts), 0.40), 512, "llama-3-8b", 131_072, "t.jsonl")
-    got = [(t.tier, t.blocks, t.policy, t.belady_blocks) for t in s.targets]
-    # 50% = 0.20: workload at 1,000 blocks, lru at 1,500; 80% = 0.32: workload at
-    # 1,924, lru at 2,400; 95% = 0.38: lru at 3,600, workload at 4,000
-    assert got == [("hbm", 1000, "workload", 572), ("dram", 1924, "workload", 915),
-                   ("disk", 3600, "lru", 1600)]
+    got = [(t.tier, t.blocks, t.at_most, t.policy, t.belady_blocks, t.belady_at_most)
+           for t in s.targets]
+    # 50% = 0.20: workload at (at most) 1,000 blocks, lru at 1,500; 80% = 0.32: workload
+    # at 1,924, lru at 2,400; 95% = 0.38: lru at 3,600, workload at 4,000. Belady reaches
+    # 50% and 80% at its smallest point already.
+    assert got == [("hbm", 1000, True, "workload", 1000, True),
+                   ("dram", 1924, False, "workload", 1000, True),
+                   ("disk", 3600, False, "lru", 1600, False)]
     assert s.targets[1].gb == pytest.approx(1924 * 512 * 131_072 / 1e9)
     frag = tomllib.loads(s.toml)
     assert frag["engine"]["policy"] == "workload"  # the policy best at the DRAM size
@@ -67,7 +71,7 @@ def test_sizing_targets_policy_and_toml(tmp_path: Path) -> None:
     dram = parse_size(frag["dram"]["capacity"], "dram")
     assert cfg.dram.capacity == dram >= 1924 * 512 * 131_072
     assert cfg.disk.capacity >= 3600 * 512 * 131_072
-    assert "HBM: leave >= 67.1 GB" in s.toml
+    assert "HBM: leave >= 67.1 GB (or less)" in s.toml
 
 
 def test_sizing_not_reached_and_no_reuse(tmp_path: Path) -> None:
