@@ -3,7 +3,9 @@
 A collector wraps the engine from the outside (nothing inside the engine knows
 about Prometheus): per-tier bytes, blocks, hits, evictions; lookup hits and
 misses; bytes in/out; bytes moved between tiers; events published. Transfer
-latency comes from :class:`TimedTier`, a decorator around any tier.
+latency comes from :class:`TimedTier`, a decorator around any tier. The live
+workload profile's headline numbers come from
+:class:`kvstore.profile.prom.ProfileCollector`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from kvstore.types import BlockKey, BlockMeta
 
 if TYPE_CHECKING:
     from kvstore.engine.core import Engine
+    from kvstore.profile.live import LiveProfile
 
 __all__ = ["EngineCollector", "TimedTier", "make_registry"]
 
@@ -105,10 +108,15 @@ class EngineCollector(Collector):
         return fam
 
 
-def make_registry(engine: Engine, events: Any = None) -> CollectorRegistry:
+def make_registry(engine: Engine, events: Any = None, profile: LiveProfile | None = None
+                  ) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(EngineCollector(engine, events))
     registry.register(TimedTier.LATENCY)
+    if profile is not None:
+        from kvstore.profile.prom import ProfileCollector
+
+        registry.register(ProfileCollector(profile))
     return registry
 
 

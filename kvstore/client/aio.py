@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -29,6 +29,9 @@ from kvstore.client._common import (
 )
 from kvstore.errors import InvalidArgument, KVStoreError, LeaseExpired, TierFull
 from kvstore.types import BlockData
+
+if TYPE_CHECKING:
+    from kvstore.profile.model import Profile
 
 __all__ = ["AsyncKVStoreClient"]
 
@@ -236,15 +239,22 @@ class AsyncKVStoreClient:
 
     async def hint(self, session_id: str, event: str, workload: str | None = None,
                    tool: str | None = None, expected_gap_ms: float | None = None,
-                   namespace: str | None = None, *, request_id: str | None = None) -> int:
+                   namespace: str | None = None, *, request_id: str | None = None,
+                   output_tokens: int | None = None) -> int:
         resp = await self._call(self._stub.Hint, pb.HintRequest(
             session_id=session_id, event=event, workload=workload or "", tool=tool or "",
             expected_gap_ms=expected_gap_ms or 0.0, namespace=namespace or "",
-            request_id=request_id or ""))
+            request_id=request_id or "", output_tokens=output_tokens or 0))
         return int(resp.moves)
 
     async def stats(self) -> Stats:
         return Stats.from_pb(await self._call(self._stub.Stats, pb.StatsRequest()))
+
+    async def profile(self) -> Profile:
+        """The server's live workload profile (see :mod:`kvstore.profile.live`)."""
+        from kvstore.profile.wire import from_pb
+
+        return from_pb(await self._call(self._stub.Profile, pb.ProfileRequest()), self.address)
 
     async def close(self) -> None:
         self._segments.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
@@ -29,6 +29,9 @@ from kvstore.client._common import (
 )
 from kvstore.errors import InvalidArgument, KVStoreError, LeaseExpired, TierFull
 from kvstore.types import BlockData
+
+if TYPE_CHECKING:
+    from kvstore.profile.model import Profile
 
 __all__ = ["KVStoreClient"]
 
@@ -263,17 +266,25 @@ class KVStoreClient:
 
     def hint(self, session_id: str, event: str, workload: str | None = None,
              tool: str | None = None, expected_gap_ms: float | None = None,
-             namespace: str | None = None, *, request_id: str | None = None) -> int:
+             namespace: str | None = None, *, request_id: str | None = None,
+             output_tokens: int | None = None) -> int:
         """Tell the store a turn / session event; returns placement moves scheduled.
-        The session is ``session_id`` in ``namespace``, or that of ``request_id``."""
+        The session is ``session_id`` in ``namespace``, or that of ``request_id``.
+        ``output_tokens``: what the finished request generated (for the live profile)."""
         resp = self._call(self._stub.Hint, pb.HintRequest(
             session_id=session_id, event=event, workload=workload or "", tool=tool or "",
             expected_gap_ms=expected_gap_ms or 0.0, namespace=namespace or "",
-            request_id=request_id or ""))
+            request_id=request_id or "", output_tokens=output_tokens or 0))
         return int(resp.moves)
 
     def stats(self) -> Stats:
         return Stats.from_pb(self._call(self._stub.Stats, pb.StatsRequest()))
+
+    def profile(self) -> Profile:
+        """The server's live workload profile (see :mod:`kvstore.profile.live`)."""
+        from kvstore.profile.wire import from_pb
+
+        return from_pb(self._call(self._stub.Profile, pb.ProfileRequest()), self.address)
 
     def close(self) -> None:
         self._segments.close()

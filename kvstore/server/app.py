@@ -23,6 +23,7 @@ from kvstore.engine.core import Engine, tier_specs
 from kvstore.errors import ConfigError
 from kvstore.metrics import TimedTier, make_registry
 from kvstore.policies.cost import CostModel
+from kvstore.profile.live import LiveProfile
 from kvstore.server.servicer import KVStoreServicer
 from kvstore.tiers.base import Tier
 
@@ -95,6 +96,8 @@ class KVStoreServer:
         self.ingest: Any = None
         self.vllm_cache: Any = None
         self.engine: Engine | None = None
+        #: The live workload profile the servicer feeds (``kvstore profile --server``).
+        self.profile = LiveProfile()
         self._grpc: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._sweeper: asyncio.Task[None] | None = None
@@ -164,7 +167,8 @@ class KVStoreServer:
         ]
         server = grpc.aio.server(options=opts, maximum_concurrent_rpcs=srv.max_concurrent_rpcs)
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(
-            KVStoreServicer(self.engine, self.events, max_put_streams=srv.max_put_streams),
+            KVStoreServicer(self.engine, self.events, self.profile,
+                            max_put_streams=srv.max_put_streams),
             server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
@@ -199,7 +203,7 @@ class KVStoreServer:
         try:
             server, _thread = start_http_server(
                 self.cfg.server.metrics_port, addr=host,
-                registry=make_registry(self.engine, self.events))
+                registry=make_registry(self.engine, self.events, self.profile))
         except OSError as exc:
             log.warning("metrics port %d unavailable, /metrics disabled: %s",
                         self.cfg.server.metrics_port, exc)

@@ -28,6 +28,7 @@ from kvstore.errors import (
     ResourceExhausted,
 )
 from kvstore.policies import Hint
+from kvstore.profile.live import LiveProfile
 from kvstore.server.convert import (
     MEDIUM_TO_PB,
     header_to_pb,
@@ -82,14 +83,16 @@ def _owner(context: Any) -> str:
 
 
 class KVStoreServicer(pb_grpc.KVStoreServicer):
-    def __init__(self, engine: Engine, events: Any = None, *, max_put_streams: int = 64
-                 ) -> None:
+    def __init__(self, engine: Engine, events: Any = None,
+                 profile: LiveProfile | None = None, *, max_put_streams: int = 64) -> None:
         self.engine = engine
         self.plane = SlotPlane.for_engine(engine)
         self.events = events
         self.host_id = host_id()
         self.max_put_streams = max_put_streams
         self._put_streams = 0
+        #: The live workload profile, fed one line per Lookup / Put / Commit / Hint.
+        self.profile = profile if profile is not None else LiveProfile()
 
     def _plane(self) -> SlotPlane:
         if self.plane is None:
@@ -109,6 +112,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         if eng.shared is not None and len(media) < len(hashes):
             media += await eng.shared.extend(request.namespace, hashes, len(media),
                                              count=not repeat)
+        if not repeat:
+            self.profile.on_lookup(request.namespace, request.block_hashes,
+                                   request.session_id, request.workload)
         return pb.LookupResponse(num_hit=len(media), media=[MEDIUM_TO_PB[m] for m in media])
 
     @_unary
@@ -125,6 +131,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 blocks = [new_block(b.header, b.payload) for b in req.blocks]
                 s, e = await self.engine.put(req.namespace, blocks, req.session_id,
                                              req.workload, request_id=req.request_id)
+                self.profile.on_store((len(b.payload), len(b.header.token_ids))
+                                      for b in req.blocks)
                 stored += s
                 existing += e
             return pb.PutResponse(stored=stored, existing=existing)
@@ -177,6 +185,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         stored = await self._plane().commit(request.namespace, items, request.session_id,
                                             request.workload, owner=_owner(context),
                                             request_id=request.request_id)
+        self.profile.on_store((d.length, len(h.token_ids))
+                              for d, h in zip(request.slots, request.headers, strict=True))
         return pb.CommitResponse(stored=stored)
 
     @_unary
@@ -227,6 +237,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             workload=Workload.parse(request.workload).value, tool=request.tool or None,
             expected_gap_s=(request.expected_gap_ms / 1000.0) if request.expected_gap_ms else None,
         )
+        self.profile.on_hint(request.session_id, request.event, request.tool,
+                             request.output_tokens)
         return pb.HintResponse(moves=self.engine.hint(hint, request.namespace,
                                                       request.request_id))
 
@@ -256,6 +268,12 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             demotions_failed=st.demotions_failed, startup_skipped=eng.startup_skipped(),
             quarantined_slots=eng.leases.quarantined,
         )
+
+    @_unary
+    async def Profile(self, request: pb.ProfileRequest, context: Any) -> pb.ProfileResponse:
+        from kvstore.profile.wire import to_pb
+
+        return to_pb(self.profile.snapshot())
 
     async def SubscribeEvents(self, request: pb.SubscribeRequest, context: Any
                               ) -> AsyncIterator[pb.EventBatch]:

@@ -251,7 +251,7 @@ class DeleteResponse(_message.Message):
     def __init__(self, deleted: _Optional[int] = ...) -> None: ...
 
 class HintRequest(_message.Message):
-    __slots__ = ("session_id", "event", "workload", "tool", "expected_gap_ms", "namespace", "request_id")
+    __slots__ = ("session_id", "event", "workload", "tool", "expected_gap_ms", "namespace", "request_id", "output_tokens")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +259,7 @@ class HintRequest(_message.Message):
     EXPECTED_GAP_MS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     event: str
     workload: str
@@ -266,7 +267,8 @@ class HintRequest(_message.Message):
     expected_gap_ms: float
     namespace: str
     request_id: str
-    def __init__(self, session_id: _Optional[str] = ..., event: _Optional[str] = ..., workload: _Optional[str] = ..., tool: _Optional[str] = ..., expected_gap_ms: _Optional[float] = ..., namespace: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    output_tokens: int
+    def __init__(self, session_id: _Optional[str] = ..., event: _Optional[str] = ..., workload: _Optional[str] = ..., tool: _Optional[str] = ..., expected_gap_ms: _Optional[float] = ..., namespace: _Optional[str] = ..., request_id: _Optional[str] = ..., output_tokens: _Optional[int] = ...) -> None: ...
 
 class HintResponse(_message.Message):
     __slots__ = ("moves",)
@@ -359,3 +361,120 @@ class EventBatch(_message.Message):
     ts: float
     payload: bytes
     def __init__(self, seq: _Optional[int] = ..., ts: _Optional[float] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class Distribution(_message.Message):
+    __slots__ = ("count", "mean", "p50", "p90", "p99", "min", "max")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    MEAN_FIELD_NUMBER: _ClassVar[int]
+    P50_FIELD_NUMBER: _ClassVar[int]
+    P90_FIELD_NUMBER: _ClassVar[int]
+    P99_FIELD_NUMBER: _ClassVar[int]
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+    min: float
+    max: float
+    def __init__(self, count: _Optional[int] = ..., mean: _Optional[float] = ..., p50: _Optional[float] = ..., p90: _Optional[float] = ..., p99: _Optional[float] = ..., min: _Optional[float] = ..., max: _Optional[float] = ...) -> None: ...
+
+class ProfileRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ProfileReuse(_message.Message):
+    __slots__ = ("block_lookups", "hit_blocks", "unbounded_hit_rate")
+    BLOCK_LOOKUPS_FIELD_NUMBER: _ClassVar[int]
+    HIT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    UNBOUNDED_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    block_lookups: int
+    hit_blocks: int
+    unbounded_hit_rate: float
+    def __init__(self, block_lookups: _Optional[int] = ..., hit_blocks: _Optional[int] = ..., unbounded_hit_rate: _Optional[float] = ...) -> None: ...
+
+class ProfileSessions(_message.Message):
+    __slots__ = ("sessions", "calls_per_session", "read_back_tokens", "new_tokens", "gap_seconds", "duration_seconds")
+    class GapSecondsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Distribution
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Distribution, _Mapping]] = ...) -> None: ...
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    CALLS_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
+    READ_BACK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GAP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    sessions: int
+    calls_per_session: Distribution
+    read_back_tokens: Distribution
+    new_tokens: Distribution
+    gap_seconds: _containers.MessageMap[str, Distribution]
+    duration_seconds: Distribution
+    def __init__(self, sessions: _Optional[int] = ..., calls_per_session: _Optional[_Union[Distribution, _Mapping]] = ..., read_back_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., new_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., gap_seconds: _Optional[_Mapping[str, Distribution]] = ..., duration_seconds: _Optional[_Union[Distribution, _Mapping]] = ...) -> None: ...
+
+class ProfileResponse(_message.Message):
+    __slots__ = ("window_seconds", "requests", "block_tokens", "kv_bytes_per_token", "input_tokens", "output_tokens", "ratio", "context_tokens", "quadrants", "workloads", "span_seconds", "requests_per_minute", "per_minute", "bin_seconds", "bins", "peak", "trough", "peak_to_trough", "interarrival_cv", "reuse", "sessions", "notes")
+    class QuadrantsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class WorkloadsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RATIO_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    QUADRANTS_FIELD_NUMBER: _ClassVar[int]
+    WORKLOADS_FIELD_NUMBER: _ClassVar[int]
+    SPAN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    BIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BINS_FIELD_NUMBER: _ClassVar[int]
+    PEAK_FIELD_NUMBER: _ClassVar[int]
+    TROUGH_FIELD_NUMBER: _ClassVar[int]
+    PEAK_TO_TROUGH_FIELD_NUMBER: _ClassVar[int]
+    INTERARRIVAL_CV_FIELD_NUMBER: _ClassVar[int]
+    REUSE_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    window_seconds: float
+    requests: int
+    block_tokens: int
+    kv_bytes_per_token: float
+    input_tokens: Distribution
+    output_tokens: Distribution
+    ratio: Distribution
+    context_tokens: Distribution
+    quadrants: _containers.ScalarMap[str, int]
+    workloads: _containers.ScalarMap[str, int]
+    span_seconds: float
+    requests_per_minute: float
+    per_minute: Distribution
+    bin_seconds: float
+    bins: int
+    peak: int
+    trough: int
+    peak_to_trough: float
+    interarrival_cv: float
+    reuse: ProfileReuse
+    sessions: ProfileSessions
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, window_seconds: _Optional[float] = ..., requests: _Optional[int] = ..., block_tokens: _Optional[int] = ..., kv_bytes_per_token: _Optional[float] = ..., input_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., output_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., ratio: _Optional[_Union[Distribution, _Mapping]] = ..., context_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., quadrants: _Optional[_Mapping[str, int]] = ..., workloads: _Optional[_Mapping[str, int]] = ..., span_seconds: _Optional[float] = ..., requests_per_minute: _Optional[float] = ..., per_minute: _Optional[_Union[Distribution, _Mapping]] = ..., bin_seconds: _Optional[float] = ..., bins: _Optional[int] = ..., peak: _Optional[int] = ..., trough: _Optional[int] = ..., peak_to_trough: _Optional[float] = ..., interarrival_cv: _Optional[float] = ..., reuse: _Optional[_Union[ProfileReuse, _Mapping]] = ..., sessions: _Optional[_Union[ProfileSessions, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
