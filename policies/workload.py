@@ -61,6 +61,16 @@ def _turns(n: int) -> int:
     return 0 if n <= 1 else 1 if n <= 3 else 2
 
 
+def _gap(gap: float | None) -> int:
+    """Bucket of how long the session took to come back last time."""
+    return 0 if gap is None else 1 if gap < 60 else 2 if gap < 240 else 3
+
+
+def _length(blocks: int) -> int:
+    """Request length bucket: 1-2, 3-7, 8-31, 32+ blocks."""
+    return 0 if blocks < 3 else 1 if blocks < 8 else 2 if blocks < 32 else 3
+
+
 @dataclass(slots=True)
 class _Session:
     workload: str
@@ -68,7 +78,9 @@ class _Session:
     tool: str = ""
     since: float = 0.0
     turns: int = 0
-    cls: tuple[str, str, str, int] = ("", _IDLE, "", 0)
+    length: int = 0  # bucket of its last request's length
+    last_gap: int = 0  # bucket of its last return gap
+    cls: tuple[str, str, str, int, int, int] = ("", _IDLE, "", 0, 0, 0)
     #: the wait counts toward learning (a real wait, not one a hint replaced at once)
     learning: bool = False
     gap: float | None = None  # a hint's expected gap, when the client gave one
@@ -123,7 +135,7 @@ class WorkloadPolicy(Policy):
         if s.learning and s.wait == _IDLE and wait != _IDLE:
             self.returns.cancel(s.cls)  # a hint says what this wait really is
         s.wait, s.tool, s.since, s.gap = wait, tool, now, gap
-        s.cls = (s.workload, wait, tool, _turns(s.turns))
+        s.cls = (s.workload, wait, tool, _turns(s.turns), s.length, s.last_gap)
         s.learning = wait not in ("end", "back")
         if s.learning:
             self.returns.start(s.cls)
@@ -154,11 +166,13 @@ class WorkloadPolicy(Policy):
         follows = self.follows.get(s.workload)
         turns = _turns(s.turns)
         if not follows:
-            return self.returns.rate((s.workload, _IDLE, "", turns), 0.0, self.window_s)
+            return self.returns.rate((s.workload, _IDLE, "", turns, s.length, s.last_gap),
+                                     0.0, self.window_s)
         total = sum(follows.values())
         return sum(n / total * (0.0 if w == "end" else
                                 self.returns.rate((s.workload, w, "?" if w == "tool" else "",
-                                                   turns), 0.0, self.window_s))
+                                                   turns, s.length, s.last_gap), 0.0,
+                                                  self.window_s))
                    for w, n in follows.items())
 
     # -- requests -----------------------------------------------------------------------
@@ -171,9 +185,11 @@ class WorkloadPolicy(Policy):
         if s.turns:
             if s.learning:
                 self.returns.returned(s.cls, now - s.since)
+                s.last_gap = _gap(now - s.since)
             if s.wait == _IDLE:
                 self.follows.setdefault(s.workload, Counter())[_IDLE] += 1
         s.turns += 1
+        s.length = _length(len(req.keys))
         self._wait(name, s, _IDLE, "", now)
         keys, hit = req.keys, req.hit_tiers
         for j, (k, t) in enumerate(zip(keys, hit, strict=True)):
@@ -253,7 +269,7 @@ class WorkloadPolicy(Policy):
             return
         name = info.session_id
         s = self._sessions.get(name)
-        cls = s.cls if s is not None else ("", "end", "", 0)
+        cls = s.cls if s is not None else ("", "end", "", 0, 0, 0)
         pos = 0
         for other in self._t.values():  # a copy keeps its chain position
             p = other.pos.get(info.key)

@@ -35,14 +35,17 @@ GRPC_MESSAGE_BYTES = 2**20
 
 @dataclass(frozen=True, slots=True)
 class LookupResult:
-    """``num_hit`` leading blocks are stored; ``media[i]`` is the fastest tier of block i."""
+    """``num_hit`` leading blocks are stored; ``media[i]`` is the fastest tier of block i.
+    ``store_blocks``: how many blocks after those the request should offer to store (the
+    policy admits them, or holds them already); the ones past them would be refused."""
 
     num_hit: int
     media: tuple[Medium, ...]
+    store_blocks: int = 0
 
     @classmethod
     def from_pb(cls, resp: pb.LookupResponse) -> LookupResult:
-        return cls(resp.num_hit, tuple(_MEDIA[m] for m in resp.media))
+        return cls(resp.num_hit, tuple(_MEDIA[m] for m in resp.media), resp.store_blocks)
 
 
 @dataclass(frozen=True, slots=True)

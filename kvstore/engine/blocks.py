@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from kvstore.engine.index import Index
 from kvstore.errors import InvalidBlock, PayloadTooLarge
 from kvstore.policies import BlockInfo
-from kvstore.types import BlockKey, BlockMeta, Workload, check_hash
+from kvstore.types import HASH_LENGTHS, BlockKey, BlockMeta, Workload, check_hash
+
+_LENGTHS = frozenset(HASH_LENGTHS)
 
 __all__ = ["NewBlock", "block_info", "check_blocks", "check_payload", "new_meta"]
 
@@ -42,10 +44,15 @@ def check_blocks(index: Index, namespace: str, blocks: Sequence[NewBlock], max_b
                  ) -> None:
     """Hash lengths (and one length per namespace), parent hashes, payload sizes."""
     index.check_hashes(namespace, [b.block_hash for b in blocks])
-    for b in blocks:
-        if b.parent_hash:
-            check_hash(b.parent_hash, "parent_hash")
-        check_payload(b.block_hash, len(b.payload), max_bytes)
+    parents = [b.parent_hash for b in blocks if b.parent_hash]
+    if parents and not (all(isinstance(p, bytes) for p in parents)
+                        and set(map(len, parents)) <= _LENGTHS):
+        for p in parents:
+            check_hash(p, "parent_hash")
+    sizes = [len(b.payload) for b in blocks]
+    if sizes and (min(sizes) == 0 or max(sizes) > max_bytes):
+        for b, size in zip(blocks, sizes, strict=True):
+            check_payload(b.block_hash, size, max_bytes)
 
 
 def block_info(meta: BlockMeta) -> BlockInfo:

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import xxhash
 
@@ -36,9 +36,19 @@ from kvstore.policies.cost import CostModel, read_bytes_per_s
 from kvstore.tiers.base import SlotTier, Tier
 from kvstore.types import BlockKey, BlockMeta, Medium, Workload
 
-__all__ = ["Engine", "NewBlock"]  # NewBlock re-exported from kvstore.engine.blocks
+__all__ = ["Engine", "Lookup", "NewBlock"]  # NewBlock re-exported from kvstore.engine.blocks
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """What a lookup answers: the served prefix's media, and how many blocks after it
+    the request should offer to store (each admitted by the policy, or held already);
+    blocks past that would be refused, so a client need not copy them."""
+
+    media: list[Medium]
+    store: int
 
 
 def tier_specs(tiers: Sequence[Tier], bandwidth: Mapping[str, float] | None = None
@@ -203,9 +213,18 @@ class Engine(Placement):
     def lookup(self, namespace: str, hashes: Sequence[bytes], session_id: str = "",
                workload: str = "", *, request_id: str = "", num_tokens: int = 0
                ) -> list[Medium]:
-        """Media of the longest stored prefix of ``hashes`` worth loading (fastest tier
-        each): it stops at the first block missing or held only in a tier that loses
-        to recomputing it (cost model).
+        """Media of the longest stored prefix of ``hashes`` worth loading (see
+        :meth:`lookup_request`)."""
+        return self.lookup_request(namespace, hashes, session_id, workload,
+                                   request_id=request_id, num_tokens=num_tokens).media
+
+    def lookup_request(self, namespace: str, hashes: Sequence[bytes], session_id: str = "",
+                       workload: str = "", *, request_id: str = "", num_tokens: int = 0
+                       ) -> Lookup:
+        """The longest stored prefix of ``hashes`` worth loading, with the fastest tier of
+        each block: it stops at the first block missing or held only in a tier that
+        loses to recomputing it (cost model). And how many blocks after it the request
+        should offer to store (the policy admits them, or holds them already).
 
         The first lookup of a request goes to the policy (its plan says where the
         missing blocks may be stored; its moves run on the mover) and prefetches the
@@ -230,9 +249,9 @@ class Engine(Placement):
             served += 1
         medium = self._medium
         media = [medium[e.tiers[0]] for e in hit[:served]]
-        if self.requests.get(request_id) is not None:
-            return media  # a repeat of a request already seen: counted once
         now = self.clock()
+        if self.requests.get(request_id) is not None:  # a repeat: counted once
+            return Lookup(media, self._store_count(namespace, hashes, served, now))
         session = self._session(namespace, session_id, hashes)
         keys = [BlockKey(namespace, h) for h in hashes]
         hit_tiers: list[str | None] = [e.tiers[0] for e in hit]
@@ -262,7 +281,25 @@ class Engine(Placement):
         st.lookups += 1
         st.lookup_hit_blocks += served
         st.lookup_miss_blocks += len(hashes) - served
-        return media
+        admit = plan.admit
+        store = 0
+        for i in range(served, len(keys)):
+            if hit_tiers[i] is None and keys[i] not in admit:
+                break
+            store += 1
+        return Lookup(media, store)
+
+    def _store_count(self, namespace: str, hashes: Sequence[bytes], served: int,
+                     now: float) -> int:
+        """Blocks after the served prefix a repeated lookup should offer to store."""
+        blocks = self.index.blocks_of(namespace)
+        planned = self.requests.planned
+        n = 0
+        for h in hashes[served:]:
+            if h not in blocks and planned(BlockKey(namespace, h), now) is None:
+                break
+            n += 1
+        return n
 
     def plan_admissions(self, namespace: str, hashes: Sequence[bytes], last_tokens: int,
                         session_id: str, workload: str, request_id: str, now: float,
@@ -323,8 +360,15 @@ class Engine(Placement):
         self.check_blocks(namespace, blocks)
         now = self.clock()
         index = self.index
-        fresh = [b for b in blocks if index.get_hash(namespace, b.block_hash) is None]
-        existing = [e for b in blocks if (e := index.get_hash(namespace, b.block_hash))]
+        held = index.blocks_of(namespace)
+        fresh: list[NewBlock] = []
+        existing: list[Entry] = []
+        for b in blocks:
+            e = held.get(b.block_hash)
+            if e is None:
+                fresh.append(b)
+            else:
+                existing.append(e)
         last = fresh[-1].num_tokens if fresh else 0
         tiers = self.plan_admissions(namespace, [b.block_hash for b in fresh], last, session_id,
                                      wl.value, request_id, now,

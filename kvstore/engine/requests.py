@@ -40,8 +40,8 @@ class Requests:
         self.max_open = max_open
         self.max_planned = max_planned
         self._open: OrderedDict[str, OpenRequest] = OrderedDict()
-        #: key -> (tier or None = refused, plan expiry)
-        self._plans: OrderedDict[Hashable, tuple[str | None, float]] = OrderedDict()
+        #: key -> (tier or None = refused, plan expiry), oldest first
+        self._plans: dict[Hashable, tuple[str | None, float]] = {}
 
     # -- requests -------------------------------------------------------------------
     def get(self, request_id: str) -> OpenRequest | None:
@@ -72,12 +72,14 @@ class Requests:
         plans = self._plans
         until = now + self.ttl_s
         get = admit.get
+        pop = plans.pop
         for k, miss in zip(keys, missing, strict=True):
             if miss:
+                pop(k, None)  # re-inserted: the newest plan is the last one out
                 plans[k] = (get(k), until)
-                plans.move_to_end(k)
-        while len(plans) > self.max_planned:
-            plans.popitem(last=False)
+        if len(plans) > self.max_planned:
+            for k in list(plans)[: len(plans) - self.max_planned]:
+                del plans[k]
 
     def admission(self, key: Hashable, now: float) -> str | None:
         """The planned tier of ``key`` (None: refused); :data:`UNPLANNED` if no live
@@ -86,6 +88,11 @@ class Requests:
         if p is None or p[1] < now:
             return UNPLANNED
         return p[0]
+
+    def planned(self, key: Hashable, now: float) -> str | None:
+        """The planned tier of ``key`` (None: refused or not planned), left in place."""
+        p = self._plans.get(key)
+        return p[0] if p is not None and p[1] >= now else None
 
     def forget(self, key: Hashable) -> None:
         self._plans.pop(key, None)

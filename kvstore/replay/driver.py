@@ -3,9 +3,9 @@
 Each request is played as a vLLM worker with the connector plays it, against a
 :class:`Store`: look the request up (with its session, workload, a request id
 and its prompt length), let background transfers run (the prefetch of a
-returning session's prefix), store every block after the served prefix (the
-engine admits them where the policy's plan says, and counts the ones it
-already holds), then send the hint its ``after`` field carries (``tool_call``,
+returning session's prefix), store the blocks after the served prefix that the
+lookup said to offer (the engine admits them where the policy's plan says, and
+counts the ones it already holds), then send the hint its ``after`` field carries (``tool_call``,
 ``turn_end`` for a user turn, ``session_end``) and let transfers run again.
 The next request's time is never shown to anyone.
 
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvstore import policies
 from kvstore.engine.blocks import NewBlock
@@ -76,10 +76,14 @@ class Store(Protocol):
     """What the replay needs from a kvstore: the engine itself, or a server."""
 
     async def lookup(self, req: Request, hashes: list[bytes], request_id: str
-                     ) -> list[Medium]: ...
+                     ) -> tuple[list[Medium], int]:
+        """(media of the served prefix, blocks after it to offer for storing)."""
+        ...
 
-    async def put(self, req: Request, hashes: list[bytes], start: int,
-                  request_id: str) -> None: ...
+    async def put(self, req: Request, hashes: list[bytes], start: int, stop: int,
+                  request_id: str) -> None:
+        """Store blocks ``start:stop`` of the request."""
+        ...
 
     async def hint(self, req: Request, event: str, request_id: str) -> None: ...
 
@@ -90,13 +94,15 @@ class Store(Protocol):
 
 def build_engine(policy: str, budgets: Sequence[TierBudget], cost: CostModel,
                  clock: Callable[[], float], events: EventSink | None = None,
-                 write_back: bool = True) -> Engine:
-    """The server's engine over in-memory tiers of ``budgets`` blocks each."""
+                 write_back: bool = True, options: Mapping[str, Any] | None = None
+                 ) -> Engine:
+    """The server's engine over in-memory tiers of ``budgets`` blocks each;
+    ``options`` go to the policy's constructor."""
     tiers = [MemoryTier(b.blocks, name=b.name, medium=MEDIA.get(b.name, Medium.CPU))
              for b in budgets if b.blocks > 0]
     if not tiers:
         raise ValueError("every tier has 0 blocks; give --hbm-blocks N")
-    pol = policies.create(policy, tier_specs(tiers), cost=cost)
+    pol = policies.create(policy, tier_specs(tiers), cost=cost, **(options or {}))
     engine = Engine(tiers, pol, events, clock=clock, cost=cost, write_back=write_back,
                     max_hashes=1 << 30, max_block_bytes=1 << 30)
     engine.set_geometry(NAMESPACE, cost.block_bytes, cost.block_tokens, stored_bytes=1)
@@ -112,22 +118,23 @@ class EngineStore:
         self._payload = b"\0"
 
     async def lookup(self, req: Request, hashes: list[bytes], request_id: str
-                     ) -> list[Medium]:
+                     ) -> tuple[list[Medium], int]:
         self.clock.t = req.timestamp_ms / 1000.0
-        return self.engine.lookup(NAMESPACE, hashes, req.session_id or "",
-                                  req.workload or "", request_id=request_id,
-                                  num_tokens=req.input_length)
+        found = self.engine.lookup_request(NAMESPACE, hashes, req.session_id or "",
+                                           req.workload or "", request_id=request_id,
+                                           num_tokens=req.input_length)
+        return found.media, found.store
 
-    async def put(self, req: Request, hashes: list[bytes], start: int,
+    async def put(self, req: Request, hashes: list[bytes], start: int, stop: int,
                   request_id: str) -> None:
-        if start >= len(hashes):
+        if start >= stop:
             return
         tokens = self.engine.geometry.of(NAMESPACE)[1]
         last = len(hashes) - 1
         tail = max(1, req.input_length - last * tokens)
         payload = self._payload
         blocks = [NewBlock(hashes[j], hashes[j - 1] if j else None, (), payload,
-                           tail if j == last else tokens) for j in range(start, len(hashes))]
+                           tail if j == last else tokens) for j in range(start, stop)]
         with contextlib.suppress(TierFull):  # no room at all: a skipped save, as vLLM's
             await self.engine.put(NAMESPACE, blocks, req.session_id or "",
                                   req.workload or "", request_id=request_id)
@@ -191,7 +198,7 @@ class Replayer:
         rid = f"r{self._n}"
         self._n += 1
         hashes = [block_hash(h) for h in req.hash_ids]
-        media = await self.store.lookup(req, hashes, rid)
+        media, store = await self.store.lookup(req, hashes, rid)
         served = len(media)
         for m in media:
             t = self._tier_of[m]
@@ -201,7 +208,7 @@ class Replayer:
         self.requests += 1
         self.total_s += len(hashes) * self._block_s
         await self.store.settle()
-        await self.store.put(req, hashes, served, rid)
+        await self.store.put(req, hashes, served, served + store, rid)
         if req.after is not None:
             await self.store.hint(req, HINT_EVENT[req.after.kind], rid)
         await self.store.settle()
@@ -234,10 +241,12 @@ class Replayer:
 async def replay_offline(requests: Sequence[Request], policy: str,
                          budgets: Sequence[TierBudget], cost: CostModel,
                          progress: Callable[[int], None] | None = None,
-                         events: EventSink | None = None) -> ReplayResult:
-    """``requests`` through the engine with ``policy`` over ``budgets``."""
+                         events: EventSink | None = None,
+                         options: Mapping[str, Any] | None = None) -> ReplayResult:
+    """``requests`` through the engine with ``policy`` (constructed with ``options``)
+    over ``budgets``."""
     clock = VirtualClock()
-    engine = build_engine(policy, budgets, cost, clock, events)
+    engine = build_engine(policy, budgets, cost, clock, events, options=options)
     replayer = Replayer(EngineStore(engine, clock), policy, budgets, cost)
     res = await replayer.run(requests, progress)
     scale = cost.block_bytes  # a stand-in block is one byte

@@ -107,15 +107,20 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         eng = self.engine
         hashes = list(request.block_hashes)
         repeat = eng.requests.get(request.request_id) is not None
-        media = eng.lookup(request.namespace, hashes, request.session_id, request.workload,
-                           request_id=request.request_id, num_tokens=request.num_tokens)
+        found = eng.lookup_request(request.namespace, hashes, request.session_id,
+                                   request.workload, request_id=request.request_id,
+                                   num_tokens=request.num_tokens)
+        media, store = found.media, found.store
         if eng.shared is not None and len(media) < len(hashes):
-            media += await eng.shared.extend(request.namespace, hashes, len(media),
-                                             count=not repeat)
+            more = await eng.shared.extend(request.namespace, hashes, len(media),
+                                           count=not repeat)
+            media += more
+            store = max(0, store - len(more))
         if not repeat:
             self.profile.on_lookup(request.namespace, request.block_hashes,
                                    request.session_id, request.workload)
-        return pb.LookupResponse(num_hit=len(media), media=[MEDIUM_TO_PB[m] for m in media])
+        return pb.LookupResponse(num_hit=len(media), media=[MEDIUM_TO_PB[m] for m in media],
+                                 store_blocks=store)
 
     @_unary
     async def Put(self, request_iterator: AsyncIterator[pb.PutRequest], context: Any

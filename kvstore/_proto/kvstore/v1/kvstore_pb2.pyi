@@ -79,12 +79,14 @@ class LookupRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ..., request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ("num_hit", "media")
+    __slots__ = ("num_hit", "media", "store_blocks")
     NUM_HIT_FIELD_NUMBER: _ClassVar[int]
     MEDIA_FIELD_NUMBER: _ClassVar[int]
+    STORE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     num_hit: int
     media: _containers.RepeatedScalarFieldContainer[Medium]
-    def __init__(self, num_hit: _Optional[int] = ..., media: _Optional[_Iterable[_Union[Medium, str]]] = ...) -> None: ...
+    store_blocks: int
+    def __init__(self, num_hit: _Optional[int] = ..., media: _Optional[_Iterable[_Union[Medium, str]]] = ..., store_blocks: _Optional[int] = ...) -> None: ...
 
 class PutRequest(_message.Message):
     __slots__ = ("namespace", "blocks", "session_id", "workload", "request_id")
