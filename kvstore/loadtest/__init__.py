@@ -20,7 +20,7 @@ from typing import Any
 from kvstore.loadtest.run import FAILURE_COUNTERS, own_server, run
 from kvstore.loadtest.workload import OPS, LoadSpec, parse_mix
 
-__all__ = ["LoadSpec", "add_parser", "passed", "run"]
+__all__ = ["LoadSpec", "add_parser", "passed", "print_result", "run"]
 
 
 def passed(result: dict[str, Any]) -> bool:
@@ -30,7 +30,8 @@ def passed(result: dict[str, Any]) -> bool:
             and not result["server_stats"].get("corrupt_reads"))
 
 
-def _print(r: dict[str, Any]) -> None:
+def print_result(r: dict[str, Any]) -> None:
+    """The human-readable report of a :func:`run` result."""
     spec = r["spec"]
     print(f"{spec['clients']} clients ({spec['processes']} process(es)), {spec['seconds']:g} s "
           f"against {r['address']}: {r['total_ops']:,d} operations, "
@@ -78,7 +79,7 @@ def _main(args: argparse.Namespace) -> int:
     else:
         with own_server(args.dram, args.disk) as (address, pid, _log):
             result = run(spec, address, pid)
-    _print(result)
+    print_result(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0 if passed(result) else 1

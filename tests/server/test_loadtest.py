@@ -10,25 +10,23 @@ import json
 
 import pytest
 
-from kvstore.loadtest import LoadSpec, passed, run
-from kvstore.loadtest.__init__ import _print
-
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+from kvstore.loadtest import LoadSpec, passed, print_result, run
 
 #: The server's RSS may not grow by more than this over the second half of the run
-#: (least-squares trend; a 180 s run shows +4 MiB/min once warm). The old unbounded
-#: Get (1.5 GB for one request) or a leak per operation (~25,000 operations) would
-#: blow it.
+#: (least-squares trend; a 180 s run shows +4 MiB/min once warm): a leak of ~10 KiB
+#: per operation (~5,000 operations in that half) would pass it.
 SECOND_HALF_GROWTH_MIB = 48
 PEAK_MIB = 512
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_64_clients_mixed_load_reads_only_the_bytes_written(server_process, capsys):
     srv = server_process(KVSTORE_DRAM__CAPACITY="64MiB", KVSTORE_DISK__CAPACITY="1GiB")
     result = run(LoadSpec(clients=64, seconds=25), srv.address, srv.proc.pid)
     with capsys.disabled():
         print()
-        _print(result)
+        print_result(result)
     summary = {k: result[k] for k in ("total_ops", "wrong_blocks", "unexpected_errors",
                                       "refused", "final_check", "server_stats")}
     assert result["wrong_blocks"] == 0, result["samples"]
@@ -51,3 +49,46 @@ def test_64_clients_mixed_load_reads_only_the_bytes_written(server_process, caps
     assert mem["peak_mib"] < PEAK_MIB, mem
     log = srv.log_path.read_text() if srv.log_path else ""
     assert "Traceback" not in log and " ERROR " not in log, log[-4000:]
+
+
+def test_the_checker_catches_a_block_that_is_not_the_one_written(server):
+    """What the load test counts as wrong: another block's bytes (the old race), a torn
+    copy, a wrong header; a correct block passes."""
+    from kvstore.loadtest.clients import Tally, _Client
+    from kvstore.loadtest.workload import Workload, expected_payload
+    from kvstore.types import BlockData
+
+    wl = Workload(LoadSpec(clients=1, chains=4))
+    tally = Tally()
+    client = _Client(wl, server.address, 0, tally)
+    try:
+        a, b = wl.chains[0], wl.chains[1]
+        good = client._blocks(a, 6)
+        client._check_blocks("get_shm", a, good)
+        assert tally.verified["get_shm"] == 6 and not tally.wrong
+        h5 = a.hashes[5]
+        torn = bytearray(expected_payload(h5, wl.size(h5)))
+        torn[-1] ^= 1
+        other = client._blocks(b, 6)[5]  # another chain's block 5, under a's hash
+        bad = [*good[:4], BlockData(h5, a.hashes[4], good[5].token_ids, bytes(torn)), None]
+        client._check_blocks("get_shm", a, bad)
+        client._check("get_into", a, 5, other.payload)
+        client._check("get_grpc", a, 5, good[5].payload, parent=None, tokens=good[5].token_ids)
+        assert tally.wrong == {"get_shm": 1, "get_into": 1, "get_grpc": 1}
+        assert tally.missed["get_shm"] == 1
+        # And a real round trip through the server checks clean.
+        client.run_op("put_shm", a, 6)
+        client.run_op("get_into", a, 6)
+        client.run_op("get_grpc", a, 6)
+        assert tally.verified["get_into"] == 6 and tally.verified["get_grpc"] == 6
+        assert sum(tally.wrong.values()) == 3
+    finally:
+        client.close()
+
+
+def test_a_short_run_in_process(server):
+    """The generator end to end (no slow mark): a few clients for 2 s."""
+    result = run(LoadSpec(clients=4, seconds=2, chains=16), server.address)
+    assert passed(result), result["samples"]
+    assert result["total_ops"] > 0 and result["final_check"]["wrong"] == 0
+    assert result["memory"] is None  # no pid given
