@@ -131,3 +131,9 @@ def test_threads_attaching_a_segment_at_once_print_nothing():
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "KeyError" not in out.stderr, out.stderr
+
+
+def test_clients_spread_over_processes(server):
+    result = run(LoadSpec(clients=4, processes=2, seconds=1.5, chains=8), server.address)
+    assert passed(result), result["samples"]
+    assert result["spec"]["processes"] == 2 and result["total_ops"] > 0
