@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -47,15 +48,44 @@ _GET_CHUNK_BYTES = 2**20
 T = TypeVar("T")
 
 
+#: Longest namespace, session id, workload, tool or event name a request may carry
+#: (each is kept with every block or statistic it names).
+MAX_NAME_CHARS = 1024
+_NAME_FIELDS = ("namespace", "session_id", "workload", "tool", "event")
+#: Longest error message sent (UTF-8 bytes): gRPC refuses trailers past 8-16 KiB and
+#: the client would get RESOURCE_EXHAUSTED "Stream removed" instead of our status.
+_MAX_DETAILS_BYTES = 1024
+
+
+def check_names(msg: Any) -> None:
+    """Refuse a request whose name fields are longer than :data:`MAX_NAME_CHARS`."""
+    fields = msg.DESCRIPTOR.fields_by_name
+    for name in _NAME_FIELDS:
+        if name in fields and len(value := getattr(msg, name)) > MAX_NAME_CHARS:
+            raise InvalidArgument(
+                f"{name} is {len(value)} characters long; at most {MAX_NAME_CHARS}: "
+                f"{value[:40]!r}...")
+
+
+def _details(exc: KVStoreError) -> str:
+    raw = str(exc).encode()
+    if len(raw) <= _MAX_DETAILS_BYTES:
+        return str(exc)
+    cut = raw[:_MAX_DETAILS_BYTES].decode(errors="ignore")
+    return f"{cut}... ({len(raw) - _MAX_DETAILS_BYTES} more bytes)"
+
+
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: KVStoreError) -> None:
     context.set_trailing_metadata((("kvstore-error", type(exc).__name__),))
-    await context.abort(getattr(grpc.StatusCode, exc.status), str(exc))
+    await context.abort(getattr(grpc.StatusCode, exc.status), _details(exc))
 
 
 def _unary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: Any) -> T:
         try:
+            if hasattr(request, "DESCRIPTOR"):  # (not a Put stream: checked per message)
+                check_names(request)
             return await fn(self, request, context)
         except KVStoreError as exc:
             await _abort(context, exc)
@@ -68,6 +98,7 @@ def _stream(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterator[
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: Any) -> AsyncIterator[T]:
         try:
+            check_names(request)
             async for item in fn(self, request, context):
                 yield item
         except KVStoreError as exc:
@@ -133,7 +164,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         try:
             stored = existing = 0
             async for req in request_iterator:
-                blocks = [new_block(b.header, b.payload) for b in req.blocks]
+                check_names(req)
+                blocks = [new_block(b.header, b.payload, self.engine.max_block_tokens)
+                          for b in req.blocks]
                 s, e = await self.engine.put(req.namespace, blocks, req.session_id,
                                              req.workload, request_id=req.request_id)
                 self.profile.on_store((len(b.payload), len(b.header.token_ids))
@@ -185,7 +218,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         if len(request.slots) != len(request.headers):
             raise InvalidArgument(
                 f"Commit: {len(request.slots)} slots but {len(request.headers)} headers")
-        items = [(slot_from_pb(d), new_block(h))
+        items = [(slot_from_pb(d), new_block(h, max_tokens=self.engine.max_block_tokens))
                  for d, h in zip(request.slots, request.headers, strict=True)]
         stored = await self._plane().commit(request.namespace, items, request.session_id,
                                             request.workload, owner=_owner(context),
@@ -237,6 +270,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         if request.event not in Hint.EVENTS:
             raise InvalidArgument(
                 f"Hint: unknown event {request.event!r}; valid: {', '.join(Hint.EVENTS)}")
+        gap = request.expected_gap_ms
+        if not math.isfinite(gap) or gap < 0:
+            raise InvalidArgument(
+                f"Hint: expected_gap_ms must be a finite number >= 0 (0 = unknown), got {gap!r}")
         hint = Hint(
             session_id=request.session_id, event=request.event,
             workload=Workload.parse(request.workload).value, tool=request.tool or None,
