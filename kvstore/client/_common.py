@@ -82,6 +82,7 @@ class Stats:
     demotions_failed: int = 0
     startup_skipped: int = 0
     quarantined_slots: int = 0
+    policy: str = ""
 
     @classmethod
     def from_pb(cls, r: pb.StatsResponse) -> Stats:
@@ -96,7 +97,7 @@ class Stats:
             transfers_dropped=r.transfers_dropped, events_dropped=r.events_dropped,
             corrupt_reads=r.corrupt_reads, orphans_dropped=r.orphans_dropped,
             demotions_failed=r.demotions_failed, startup_skipped=r.startup_skipped,
-            quarantined_slots=r.quarantined_slots,
+            quarantined_slots=r.quarantined_slots, policy=r.policy,
         )
 
     def tier(self, name: str) -> TierStat:

@@ -411,16 +411,23 @@ class Engine(Placement):
         ns = metas[0].key.namespace
         # Room for the whole run at once; if not all of it can be made, each block below
         # makes what it can.
+        total = sum(m.size for m in metas)
+        tier_obj = self.tiers[tier]
         with contextlib.suppress(TierFull):
-            await self.make_room(tier, min(sum(m.size for m in metas),
-                                           self.tiers[tier].capacity_bytes), protect)
+            await self.make_room(tier, min(total, tier_obj.capacity_bytes), protect)
+        room = tier_obj.can_fit(total)
+        get = index.get_hash
         for meta, payload in zip(metas, payloads, strict=True):
-            if index.get(meta.key) is not None:
+            if get(ns, meta.key.block_hash) is not None:
                 continue  # a concurrent put stored it meanwhile
-            if meta.parent_hash is not None and index.get_hash(ns, meta.parent_hash) is None:
+            if meta.parent_hash is not None and get(ns, meta.parent_hash) is None:
                 return False  # its prefix is held nowhere: no lookup could reach it
             try:
-                entry = await self._store(meta, payload, tier, protect)
+                if room:  # made above for the whole run
+                    await tier_obj.put(meta, payload)
+                    entry = self._stored(meta, tier)
+                else:
+                    entry = await self._store(meta, payload, tier, protect)
             except TierFull:
                 self.stats.puts_cut += 1
                 if not placed:

@@ -6,6 +6,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kvstore.errors import InvalidBlock, NamespaceNotFound
+from kvstore.policies.base import BlockInfo
 from kvstore.types import HASH_LENGTHS, BlockKey, BlockMeta, check_hash
 
 __all__ = ["Entry", "Index", "chain_order", "reachable"]
@@ -17,6 +18,8 @@ class Entry:
 
     meta: BlockMeta
     tiers: list[str] = field(default_factory=list)
+    #: What the policy is told about the block (made once, on its first store).
+    info: BlockInfo | None = None
 
     @property
     def key(self) -> BlockKey:

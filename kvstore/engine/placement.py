@@ -168,7 +168,10 @@ class Placement:
 
     def _stored(self, meta: BlockMeta, tier_name: str) -> Entry:
         entry = self.index.add_location(meta, tier_name)
-        self.policy.on_insert(block_info(meta), tier_name, self.clock())
+        info = entry.info
+        if info is None:
+            info = entry.info = block_info(meta)
+        self.policy.on_insert(info, tier_name, self.clock())
         self.events.block_stored((meta,), self._medium[tier_name])
         return entry
 

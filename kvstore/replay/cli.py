@@ -56,6 +56,15 @@ def _configure(p: argparse.ArgumentParser) -> None:
                    help="prefill tokens/s of the cost model (default %(default)s)")
     p.add_argument("--belady", action="store_true",
                    help="add the offline optimum for one tier of the total capacity")
+    p.add_argument("--server", metavar="ADDR",
+                   help="play the trace against a running kvstore serve at ADDR (its policy "
+                        "and tiers) instead of the engine in this process")
+    p.add_argument("--speedup", type=float, default=1.0,
+                   help="with --server: trace time runs this many times faster")
+    p.add_argument("--payload-bytes", type=int, default=64 << 10,
+                   help="with --server: bytes of each block's payload (default 64 KiB)")
+    p.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="replay only the first N requests")
     p.add_argument("--json", metavar="OUT", help="write results as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="plot hit rate against capacity")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -129,7 +138,11 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, TraceError, ValueError) as exc:
         print(f"kvstore replay: {exc}", file=sys.stderr)
         return 2
+    if args.limit:
+        requests = requests[:args.limit]
     progress = not args.no_progress and sys.stderr.isatty()
+    if args.server:
+        return _run_live(args, requests, cost, progress)
     results = replay(requests, names, runs, cost, progress)
     belady = {}
     if args.belady:
@@ -147,6 +160,29 @@ def run(args: argparse.Namespace) -> int:
         write_json(results, belady, args.json, meta)
     if args.plot:
         plot_hit_rates(results, belady, args.plot, str(args.trace))
+    return 0
+
+
+def _run_live(args: argparse.Namespace, requests: Sequence[Request], cost: CostModel,
+              progress: bool) -> int:
+    from tqdm import tqdm
+
+    from kvstore.errors import KVStoreError
+    from kvstore.replay.live import replay_live
+
+    try:
+        with tqdm(total=len(requests), desc=f"live {args.server}", unit="req",
+                  disable=not progress, leave=False) as bar:
+            result = asyncio.run(replay_live(requests, args.server, cost, args.payload_bytes,
+                                             args.speedup, bar.update))
+    except (KVStoreError, ValueError) as exc:
+        print(f"kvstore replay: {exc}", file=sys.stderr)
+        return 2
+    print(format_table([result], {}))
+    if args.json:
+        write_json([result], {}, args.json, {"trace": str(args.trace), "server": args.server,
+                                             "speedup": args.speedup,
+                                             "payload_bytes": args.payload_bytes})
     return 0
 
 

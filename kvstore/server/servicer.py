@@ -308,7 +308,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             events_dropped=getattr(self.events, "dropped", 0) if self.events else 0,
             corrupt_reads=st.corrupt_reads, orphans_dropped=st.orphans_dropped,
             demotions_failed=st.demotions_failed, startup_skipped=eng.startup_skipped(),
-            quarantined_slots=eng.leases.quarantined,
+            quarantined_slots=eng.leases.quarantined, policy=eng.policy.name,
         )
 
     @_unary
