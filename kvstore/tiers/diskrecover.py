@@ -1,0 +1,270 @@
+"""Restart of the disk tier: rebuild the index from footers, kill lists and scans.
+
+For every ``<id>.seg`` in the root (in id order, so a later record of a key wins):
+
+* the segment header must be intact (else the segment is dropped, logged);
+* its footer, when intact, lists every record: no record is read. A segment
+  without one (the active segment at a crash, or a footer lost) is scanned
+  record by record: header checksum, metadata and payload checksum are all
+  verified, torn or damaged records are counted and logged, regions a crash
+  left half written are skipped to the next intact record; then its unused
+  tail is truncated and a footer is written, so the next start reads it fast;
+* its kill list removes the records deleted or replaced since.
+
+What is verified at restart: every footer's checksum, every kill entry's check,
+and in scanned segments every record in full. What is verified at first read:
+the payload of records listed in footers (the tier checks header, key and
+payload checksum on every read; a mismatch is DataCorruption and the block is
+dropped and counted, never served).
+
+Every directory entry that cannot be used (a directory, symlink, FIFO or device
+where a segment, footer or kill list is expected; a damaged segment header; a
+file of the previous one-file-per-block format) is skipped with a log line and
+counted; nothing stops or blocks the start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kvstore.tiers.diskformat import (
+    ALIGN,
+    REC_MAGIC,
+    RECORD,
+    BadSegment,
+    Footer,
+    FooterEntry,
+    decode_record_header,
+)
+from kvstore.tiers.segment import (
+    SegmentFile,
+    aligned,
+    open_segment,
+    read_exact,
+    read_footer,
+    read_kills,
+    read_record,
+    write_footer,
+)
+
+__all__ = ["RecoveredSegment", "RecoveryReport", "recover_root"]
+
+log = logging.getLogger(__name__)
+
+_SEG = re.compile(r"^([0-9a-f]{16})\.(seg|idx|kill)$")
+_SCAN_CHUNK = 8 << 20
+_MAGIC_U32 = int.from_bytes(REC_MAGIC, "little")
+
+
+@dataclass(eq=False)
+class RecoveredSegment:
+    file: SegmentFile
+    footer: Footer
+    killed: set[int]
+    kills: int
+    has_footer: bool  # on disk now (read, or written after the scan)
+
+
+@dataclass
+class RecoveryReport:
+    """What a start found; the tier keeps the counts (``skipped``, ``damaged``)."""
+
+    segments: list[RecoveredSegment] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "name: why"
+    damaged: int = 0  # records, kill entries and segments dropped for failed checks
+    torn: int = 0  # half-written regions skipped in scanned segments
+    scanned: int = 0  # segments without a usable footer
+    next_id: int = 1
+    seconds: float = 0.0
+
+
+def recover_root(root: Path, direct: bool, sync: bool) -> RecoveryReport:
+    """Read everything under ``root`` (blocking; run it in a thread)."""
+    t0 = time.perf_counter()
+    report = RecoveryReport()
+    ids: set[int] = set()
+    legacy = 0
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        name = entry.name
+        m = _SEG.match(name)
+        if m:
+            ids.add(int(m.group(1), 16))
+            report.next_id = max(report.next_id, int(m.group(1), 16) + 1)
+            continue
+        if name.endswith(".tmp"):
+            _remove_leftover(entry.path, report)
+        elif name.endswith(".kvb") or (len(name) == 2 and entry.is_dir(follow_symlinks=False)):
+            legacy += 1
+        else:
+            _skip(report, name, "not a file of the disk tier")
+    if legacy:
+        _skip(report, f"{legacy} entries", "files of the previous on-disk format (one file per "
+              "block) are not read by format 2; remove them to reclaim the space")
+    for seg_id in sorted(ids):
+        seg = _recover_segment(root, seg_id, direct, sync, report)
+        if seg is not None:
+            report.segments.append(seg)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _skip(report: RecoveryReport, name: str, why: str) -> None:
+    report.skipped.append(f"{name}: {why}")
+    log.warning("disk tier: skipped %s: %s", name, why)
+
+
+def _remove_leftover(path: str, report: RecoveryReport) -> None:
+    try:
+        os.unlink(path)
+    except IsADirectoryError:
+        _skip(report, os.path.basename(path), "a directory named like a temp file")
+    except OSError as exc:
+        _skip(report, os.path.basename(path), f"leftover temp file not removed: {exc}")
+
+
+def _recover_segment(root: Path, seg_id: int, direct: bool, sync: bool,
+                     report: RecoveryReport) -> RecoveredSegment | None:
+    path = root / f"{seg_id:016x}.seg"
+    try:
+        file = open_segment(path, direct)
+    except FileNotFoundError:  # a footer or kill list without its segment
+        if not path.is_symlink():
+            _orphans(root, seg_id, report)
+            return None
+        _skip(report, path.name, "a dangling symlink")
+        return None
+    except BadSegment as exc:
+        if "not a regular file" in str(exc):
+            _skip(report, path.name, str(exc))
+            return None
+        report.damaged += 1
+        log.warning("disk tier: segment %s dropped: %s", path.name, exc)
+        _remove_regular(root, seg_id)
+        return None
+    except OSError as exc:
+        _skip(report, path.name, f"cannot open: {exc}")
+        return None
+    try:
+        footer = read_footer(root, file)
+        has_footer = True
+    except (BadSegment, OSError) as exc:
+        if not isinstance(exc, FileNotFoundError):
+            log.warning("disk tier: footer of %s unusable (%s); scanning the segment",
+                        path.name, exc)
+        footer, has_footer = _scan(file, report), False
+        report.scanned += 1
+        # Cut the tail a crash left and write the footer the segment lacked.
+        tail = max((e.offset + e.record_len for e in footer.entries), default=ALIGN)
+        try:
+            os.ftruncate(file.fd, tail)
+            file.size = tail
+            write_footer(root, file, footer, sync)
+            has_footer = True
+        except OSError as exc:
+            log.warning("disk tier: could not seal scanned segment %s: %s", path.name, exc)
+    try:
+        killed, kills, bad = read_kills(root, file)
+    except (BadSegment, OSError) as exc:
+        _skip(report, f"{seg_id:016x}.kill", str(exc))
+        killed, kills, bad = set(), 0, 0
+    if bad:
+        report.damaged += bad
+        log.warning("disk tier: %d damaged entries in the kill list of %s", bad, path.name)
+    return RecoveredSegment(file, footer, killed, kills, has_footer)
+
+
+def _orphans(root: Path, seg_id: int, report: RecoveryReport) -> None:
+    for suffix in (".idx", ".kill"):
+        p = root / f"{seg_id:016x}{suffix}"
+        if p.exists() or p.is_symlink():
+            if p.is_file() and not p.is_symlink():
+                p.unlink()
+                log.info("disk tier: removed %s (its segment is gone)", p.name)
+            else:
+                _skip(report, p.name, "not a regular file")
+
+
+def _remove_regular(root: Path, seg_id: int) -> None:
+    for suffix in (".seg", ".idx", ".kill"):
+        p = root / f"{seg_id:016x}{suffix}"
+        if p.is_file() and not p.is_symlink():
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+
+def _scan(file: SegmentFile, report: RecoveryReport) -> Footer:
+    """Every intact record of a segment without a footer, verified in full."""
+    namespaces: dict[str, int] = {}
+    entries: list[FooterEntry] = []
+    damaged = torn = 0
+    pos, size = ALIGN, file.size
+    page = aligned(ALIGN)
+    while pos < size:
+        got = read_exact(file.fd, page, pos)
+        start = pos
+        if got >= RECORD.size and bytes(page[:4]) == REC_MAGIC:
+            try:
+                rec_len = decode_record_header(page, file.nonce, pos)[0]
+            except BadSegment:
+                rec_len = 0
+            if rec_len:
+                try:
+                    meta, payload = read_record(file, pos, rec_len)
+                except BadSegment as exc:
+                    damaged += 1
+                    log.warning("disk tier: segment %016x: damaged record at %d dropped: %s",
+                                file.seg_id, pos, exc)
+                else:
+                    ns = namespaces.setdefault(meta.ns, len(namespaces))
+                    entries.append(FooterEntry(
+                        pos, rec_len, payload.nbytes, _checksum(page), ns, meta.hash,
+                        meta.parent, meta.tokens, meta.session, meta.workload, meta.created))
+                pos += rec_len
+                continue
+            damaged += 1  # the magic, but not a header of this segment at this offset
+            start = pos + ALIGN
+        pos, dirty = _next_candidate(file, start, size)
+        torn += 1 if dirty or pos < size else 0  # garbage, or a hole before a record
+    if damaged or torn:
+        log.warning("disk tier: segment %016x scanned: %d records kept, %d damaged records "
+                    "and %d half-written regions dropped", file.seg_id, len(entries), damaged,
+                    torn)
+    report.damaged += damaged
+    report.torn += torn
+    return Footer(list(namespaces), entries)
+
+
+def _checksum(page: memoryview) -> int:
+    return int(RECORD.unpack_from(page)[9])
+
+
+def _next_candidate(file: SegmentFile, start: int, size: int) -> tuple[int, int]:
+    """(offset of the next page that starts with the record magic or ``size``,
+    1 if a non-zero byte was skipped on the way else 0)."""
+    dirty = 0
+    pos = start
+    while pos < size:
+        n = min(_SCAN_CHUNK, size - pos)
+        buf = aligned(n)
+        got = read_exact(file.fd, buf, pos)
+        if got <= 0:
+            break
+        words = np.frombuffer(buf[: got - got % ALIGN], dtype="<u4").reshape(-1, ALIGN // 4)
+        hits = np.flatnonzero(words[:, 0] == _MAGIC_U32)
+        upto = int(hits[0]) if len(hits) else len(words)
+        if not dirty and words[:upto].any():
+            dirty = 1
+        if len(hits):
+            return pos + upto * ALIGN, dirty
+        pos += got - got % ALIGN
+        if got % ALIGN or got < n:
+            break
+    return size, dirty
