@@ -260,7 +260,7 @@ class DiskTier(Tier):
         if self._recovered:
             await self._compactor.close()
             await self._writer.close()
-            await self._killer.close()
+            await self._killer.drain()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, reads.shutdown)
         await loop.run_in_executor(None, self._writes.shutdown)
@@ -269,6 +269,15 @@ class DiskTier(Tier):
         self._segments.clear()
         self._map.clear()
         self._used = 0
+
+    async def settle(self) -> None:
+        """Wait until writes, kills, removals and compaction are all idle (tests, benchmarks)."""
+        while True:
+            await self._writer.flush()
+            await self._killer.drain()
+            await self._compactor.drain()
+            if not (self._killer.busy or self._compactor.busy or self._writer.busy):
+                return
 
     # ---- PersistentTier -----------------------------------------------------------
     async def recover(self) -> list[BlockMeta]:

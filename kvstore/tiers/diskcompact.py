@@ -129,7 +129,12 @@ class Killer:
         else:
             self.punched_bytes += punched
 
-    async def close(self) -> None:
+    @property
+    def busy(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def drain(self) -> None:
+        """Wait until every queued kill and removal is done."""
         while self._task is not None and not self._task.done():
             await asyncio.shield(self._task)
 
@@ -215,6 +220,14 @@ class Compactor:
                 await asyncio.gather(*pending, return_exceptions=True)
                 pending, budget = [], 0
         await asyncio.gather(*pending, return_exceptions=True)
+
+    @property
+    def busy(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def drain(self) -> None:
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
 
     async def list_metas(self) -> list[BlockMeta]:
         """Every indexed block's metadata, from the footers (and the active segment)."""

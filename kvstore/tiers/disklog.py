@@ -142,6 +142,7 @@ class GroupWriter:
         self._idle.set()
         self._rotate = asyncio.Lock()
         self._buffers: list[memoryview] = []
+        self._spare: asyncio.Future[Segment | None] | None = None
         self._sealing: set[asyncio.Task[None]] = set()
         self.batches = 0  # write jobs done (for the benchmark: blocks per fsync)
         self.blocks = 0
@@ -162,10 +163,16 @@ class GroupWriter:
             self._idle.clear()
             asyncio.get_running_loop().create_task(self._job(batch, size))
 
+    @property
+    def busy(self) -> bool:
+        return bool(self._queue or self._jobs or self._sealing)
+
     async def flush(self) -> None:
         """Wait until everything queued is written and committed (or failed)."""
         while self._queue or self._jobs:
             await self._idle.wait()
+        while self._sealing:
+            await asyncio.gather(*list(self._sealing), return_exceptions=True)
 
     # ---- one batch ----------------------------------------------------------------
     async def _job(self, batch: list[Write], size: int) -> None:
@@ -221,19 +228,38 @@ class GroupWriter:
     async def _reserve(self, size: int) -> Segment:
         async with self._rotate:
             seg = self.active
-            if seg is not None and seg.tail + size <= seg.file.size:
-                return seg
-            seg_id = self.next_id
-            self.next_id += 1
-            file = await asyncio.get_running_loop().run_in_executor(
-                self._executor, create_segment, self.root, seg_id,
-                max(self.segment_size, align(size) + ALIGN), self.direct, self.sync)
-            new = Segment(file, tail=ALIGN, entries=[])
-            self.segments[seg_id] = new
-            if seg is not None:
-                self.seal(seg)
-            self.active = new
-            return new
+            if seg is None or seg.tail + size > seg.file.size:
+                need = align(size) + ALIGN
+                spare, self._spare = self._spare, None
+                new = await spare if spare is not None else None
+                if new is not None and new.file.size < need:  # too small for this batch
+                    self.seal(new)
+                    new = None
+                if new is None:
+                    new = await self._create(max(self.segment_size, need))
+                if seg is not None:
+                    self.seal(seg)
+                self.active = seg = new
+            if self._spare is None and seg.tail + size > seg.file.size // 2:
+                # Create the next segment while this one fills: rotation does not wait.
+                self._spare = asyncio.ensure_future(self._create_spare())
+            return seg
+
+    async def _create(self, size: int) -> Segment:
+        seg_id = self.next_id
+        self.next_id += 1
+        file = await asyncio.get_running_loop().run_in_executor(
+            self._executor, create_segment, self.root, seg_id, size, self.direct, self.sync)
+        seg = Segment(file, tail=ALIGN, entries=[])
+        self.segments[seg_id] = seg
+        return seg
+
+    async def _create_spare(self) -> Segment | None:
+        try:
+            return await self._create(self.segment_size)
+        except OSError as exc:  # e.g. a full disk: the rotation tries again and reports it
+            log.info("disk tier: next segment not created ahead: %s", exc)
+            return None
 
     # ---- sealing ------------------------------------------------------------------
     def seal(self, seg: Segment) -> None:
@@ -269,6 +295,9 @@ class GroupWriter:
 
     async def close(self) -> None:
         await self.flush()
+        spare, self._spare = self._spare, None
+        if spare is not None and (seg := await spare) is not None:
+            self.seal(seg)
         if self.active is not None:
             self.seal(self.active)
         while self._sealing:

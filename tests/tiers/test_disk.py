@@ -277,7 +277,7 @@ async def test_delete_frees_space_and_empty_segments_go(tmp_path: Path) -> None:
     before = sum(p.stat().st_blocks for p in segments(root))
     n_before = len(segments(root))
     assert await tier.delete_many([m.key for m, _ in items[:32]]) == 32
-    await tier._writer.flush()
+    await tier.settle()
     assert len(segments(root)) < n_before  # sealed segments with nothing live are removed
     assert sum(p.stat().st_blocks for p in segments(root)) < before / 2  # holes punched
     for m, d in items[32:]:
@@ -298,11 +298,7 @@ async def test_mostly_dead_segments_are_compacted(tmp_path: Path, can_punch: boo
         await tier.put(m, d)
     keep = [items[i] for i in range(0, 60, 10)]  # one block in ten stays
     await tier.delete_many([m.key for i, (m, _) in enumerate(items) if i % 10])
-    for _ in range(200):
-        await asyncio.sleep(0.01)
-        if tier._compactor.compacted and not tier._compactor._queue:
-            break
-    await tier._writer.flush()
+    await tier.settle()
     assert tier._compactor.compacted >= 1
     assert len(segments(root)) <= 3
     for m, d in keep:
