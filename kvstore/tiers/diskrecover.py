@@ -55,7 +55,7 @@ from kvstore.tiers.segment import (
     write_footer,
 )
 
-__all__ = ["RecoveredSegment", "RecoveryReport", "recover_root"]
+__all__ = ["RecoveredSegment", "RecoveryReport", "live_records", "recover_root"]
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +86,11 @@ class RecoveryReport:
     seconds: float = 0.0
 
 
-def recover_root(root: Path, direct: bool, sync: bool) -> RecoveryReport:
-    """Read everything under ``root`` (blocking; run it in a thread)."""
+def recover_root(root: Path, direct: bool, sync: bool, *, readonly: bool = False
+                 ) -> RecoveryReport:
+    """Read everything under ``root`` (blocking; run it in a thread). ``readonly``:
+    an inspection that changes nothing (no leftover removed, no footer written; the
+    caller closes the segments' fds)."""
     t0 = time.perf_counter()
     report = RecoveryReport()
     ids: set[int] = set()
@@ -100,7 +103,8 @@ def recover_root(root: Path, direct: bool, sync: bool) -> RecoveryReport:
             report.next_id = max(report.next_id, int(m.group(1), 16) + 1)
             continue
         if name.endswith(".tmp"):
-            _remove_leftover(entry.path, report)
+            if not readonly:
+                _remove_leftover(entry.path, report)
         elif name.endswith(".kvb") or (len(name) == 2 and entry.is_dir(follow_symlinks=False)):
             legacy += 1
         else:
@@ -109,7 +113,7 @@ def recover_root(root: Path, direct: bool, sync: bool) -> RecoveryReport:
         _skip(report, f"{legacy} entries", "files of the previous on-disk format (one file per "
               "block) are not read by format 2; remove them to reclaim the space")
     for seg_id in sorted(ids):
-        seg = _recover_segment(root, seg_id, direct, sync, report)
+        seg = _recover_segment(root, seg_id, direct, sync, report, readonly)
         if seg is not None:
             report.segments.append(seg)
     report.seconds = time.perf_counter() - t0
@@ -131,13 +135,14 @@ def _remove_leftover(path: str, report: RecoveryReport) -> None:
 
 
 def _recover_segment(root: Path, seg_id: int, direct: bool, sync: bool,
-                     report: RecoveryReport) -> RecoveredSegment | None:
+                     report: RecoveryReport, readonly: bool) -> RecoveredSegment | None:
     path = root / f"{seg_id:016x}.seg"
     try:
-        file = open_segment(path, direct)
+        file = open_segment(path, direct, readonly)
     except FileNotFoundError:  # a footer or kill list without its segment
         if not path.is_symlink():
-            _orphans(root, seg_id, report)
+            if not readonly:
+                _orphans(root, seg_id, report)
             return None
         _skip(report, path.name, "a dangling symlink")
         return None
@@ -147,7 +152,8 @@ def _recover_segment(root: Path, seg_id: int, direct: bool, sync: bool,
             return None
         report.damaged += 1
         log.warning("disk tier: segment %s dropped: %s", path.name, exc)
-        _remove_regular(root, seg_id)
+        if not readonly:
+            _remove_regular(root, seg_id)
         return None
     except OSError as exc:
         _skip(report, path.name, f"cannot open: {exc}")
@@ -161,6 +167,8 @@ def _recover_segment(root: Path, seg_id: int, direct: bool, sync: bool,
                         path.name, exc)
         footer, has_footer = _scan(file, report), False
         report.scanned += 1
+        if readonly:
+            return _with_kills(root, file, footer, False, report)
         # Cut the tail a crash left and write the footer the segment lacked.
         tail = max((e.offset + e.record_len for e in footer.entries), default=ALIGN)
         try:
@@ -170,10 +178,16 @@ def _recover_segment(root: Path, seg_id: int, direct: bool, sync: bool,
             has_footer = True
         except OSError as exc:
             log.warning("disk tier: could not seal scanned segment %s: %s", path.name, exc)
+    return _with_kills(root, file, footer, has_footer, report)
+
+
+def _with_kills(root: Path, file: SegmentFile, footer: Footer, has_footer: bool,
+                report: RecoveryReport) -> RecoveredSegment:
+    path = root / f"{file.seg_id:016x}.seg"
     try:
         killed, kills, bad = read_kills(root, file)
     except (BadSegment, OSError) as exc:
-        _skip(report, f"{seg_id:016x}.kill", str(exc))
+        _skip(report, f"{file.seg_id:016x}.kill", str(exc))
         killed, kills, bad = set(), 0, 0
     if bad:
         report.damaged += bad
@@ -252,6 +266,12 @@ def _next_candidate(file: SegmentFile, start: int, size: int) -> tuple[int, int]
     dirty = 0
     pos = start
     while pos < size:
+        try:  # skip what was never written (preallocated, unwritten: a hole to SEEK_DATA)
+            pos = max(pos, os.lseek(file.fd, pos, os.SEEK_DATA) // ALIGN * ALIGN)
+        except OSError:  # ENXIO: nothing but holes up to the end
+            return size, dirty
+        if pos >= size:
+            break
         n = min(_SCAN_CHUNK, size - pos)
         buf = aligned(n)
         got = read_exact(file.fd, buf, pos)
@@ -268,3 +288,14 @@ def _next_candidate(file: SegmentFile, start: int, size: int) -> tuple[int, int]
         if got % ALIGN or got < n:
             break
     return size, dirty
+
+
+def live_records(report: RecoveryReport) -> dict[tuple[str, bytes], FooterEntry]:
+    """(namespace, hash) -> the record a restart would serve for it (kills applied,
+    the newest record of a key wins), from a report of :func:`recover_root`."""
+    live: dict[tuple[str, bytes], FooterEntry] = {}
+    for seg in report.segments:
+        for e in seg.footer.entries:
+            if e.offset not in seg.killed:
+                live[(seg.footer.namespaces[e.ns], e.hash)] = e
+    return live

@@ -152,8 +152,9 @@ def create_segment(root: Path, seg_id: int, size: int, direct: bool, sync: bool)
     return SegmentFile(seg_id, nonce, size, fd, direct)
 
 
-def open_segment(path: Path, direct: bool) -> SegmentFile:
-    """Open an existing segment for reading and writing; raises BadSegment."""
+def open_segment(path: Path, direct: bool, readonly: bool = False) -> SegmentFile:
+    """Open an existing segment (for reading and writing unless ``readonly``);
+    raises BadSegment."""
     fd = open_regular(path, os.O_RDONLY)
     try:
         head = os.pread(fd, ALIGN, 0)
@@ -163,6 +164,8 @@ def open_segment(path: Path, direct: bool) -> SegmentFile:
         os.close(fd)
     if path.name != f"{seg_id:016x}.seg":
         raise BadSegment(f"header names segment {seg_id:016x}")
+    if readonly:
+        return SegmentFile(seg_id, nonce, size, open_regular(path, os.O_RDONLY), False)
     fd, direct = _open_data(path, direct)
     return SegmentFile(seg_id, nonce, size, fd, direct)
 

@@ -21,6 +21,7 @@ import logging
 import os
 import secrets
 import sys
+import threading
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 from typing import cast
@@ -44,6 +45,7 @@ def segment_name(prefix: str, index: int) -> str:
 
 #: Segments this process created (an in-process client must not unregister them).
 _OWNED: set[str] = set()
+_ATTACH = threading.Lock()
 
 
 def create_segment(name: str, size: int, *, prefault: bool = True) -> SharedMemory:
@@ -80,11 +82,12 @@ def attach_segment(name: str) -> SharedMemory:
     """
     if sys.version_info >= (3, 13):  # pragma: no cover - 3.13 has track=False
         return SharedMemory(name=name, create=False, track=False)  # type: ignore[call-arg]
-    shm = SharedMemory(name=name, create=False)
-    if name not in _OWNED:
-        # SharedMemory registered its private "/name" form; unregister the same string.
-        # (Not when this process owns it: the owner's registration must stay.)
-        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    with _ATTACH:  # register + unregister as a pair: interleaved pairs of two threads
+        shm = SharedMemory(name=name, create=False)  # make the tracker unregister twice
+        if name not in _OWNED:
+            # SharedMemory registered its private "/name" form; unregister the same string.
+            # (Not when this process owns it: the owner's registration must stay.)
+            resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
     return shm
 
 
