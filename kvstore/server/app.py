@@ -47,7 +47,9 @@ def build_tiers(cfg: Config) -> list[Tier]:
     if cfg.disk.enabled:
         from kvstore.tiers.disk import DiskTier
 
-        tiers.append(DiskTier(cfg.disk_path, cfg.disk.capacity, name="disk"))
+        tiers.append(DiskTier(cfg.disk_path, cfg.disk.capacity, name="disk",
+                              segment_bytes=cfg.disk.segment_size,
+                              direct_io=cfg.disk.direct_io))
     return tiers
 
 

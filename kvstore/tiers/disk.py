@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import logging
 from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -55,9 +56,10 @@ from kvstore.errors import BlockNotFound, DataCorruption, TierFull, TierUnavaila
 from kvstore.tiers._common import as_bytes_view, check_put, tier_full
 from kvstore.tiers.base import Tier
 from kvstore.tiers.diskcompact import Compactor, Killer
-from kvstore.tiers.diskformat import BadSegment, RecordMeta, entry_meta
+from kvstore.tiers.diskformat import BadSegment, Footer, RecordMeta
 from kvstore.tiers.diskindex import (
     KeyTable,
+    load_footers,
     offset_of,
     pack,
     position,
@@ -147,9 +149,20 @@ class DiskTier(Tier):
         return self._reads is not None and 0 < size <= self._capacity - self.used_bytes
 
     async def put(self, meta: BlockMeta, payload: bytes | memoryview) -> None:
+        await self._ready()
+        fut = self._submit(meta, payload)
+        try:
+            await asyncio.shield(fut)  # a cancelled caller's write still lands in the index
+        except (OSError, ChangedPayload) as exc:
+            raise self._write_error(meta, exc) from exc
+
+    def _submit(self, meta: BlockMeta, payload: bytes | memoryview) -> asyncio.Future[None]:
+        """Validate, check capacity and queue one block (no await: capacity checks of
+        a batch see each other's reservations)."""
         view = as_bytes_view(payload)
         size = check_put(self.name, self._capacity, meta, view)
-        await self._ready()
+        if self._reads is None:
+            raise TierUnavailable(f"tier {self.name!r} is closed")
         k = self._keys.key_for_store(meta.key.namespace, meta.key.block_hash)
         old = self._map.get(k)
         freed = size_of(old) if old is not None else 0
@@ -159,15 +172,16 @@ class DiskTier(Tier):
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         fut.add_done_callback(lambda _f: self._release_inflight(size))
         self._writer.submit(Write(meta, view, fut))
-        try:
-            await asyncio.shield(fut)  # a cancelled caller's write still lands in the index
-        except OSError as exc:
-            raise self._io_error(exc, f"writing block {meta.key}", size) from exc
-        except ChangedPayload as exc:
-            raise DataCorruption(
+        return fut
+
+    def _write_error(self, meta: BlockMeta, exc: BaseException) -> BaseException:
+        if isinstance(exc, OSError):
+            return self._io_error(exc, f"writing block {meta.key}", meta.size)
+        if isinstance(exc, ChangedPayload):
+            return DataCorruption(
                 f"block {meta.key} was not written to tier {self.name!r}: {exc} (the source "
-                "buffer changed or was corrupted before the write; nothing was stored)"
-            ) from exc
+                "buffer changed or was corrupted before the write; nothing was stored)")
+        return exc
 
     def _release_inflight(self, size: int) -> None:
         self._inflight -= size
@@ -245,7 +259,24 @@ class DiskTier(Tier):
         return True
 
     async def put_many(self, items: Sequence[tuple[BlockMeta, bytes | memoryview]]) -> None:
-        await _gather_all([self.put(m, p) for m, p in items])
+        """Queue every block at once (they share group commits), wait for all, then
+        raise the first failure, if any."""
+        await self._ready()
+        first: BaseException | None = None
+        waiting: list[tuple[BlockMeta, asyncio.Future[None]]] = []
+        for meta, payload in items:
+            try:
+                waiting.append((meta, self._submit(meta, payload)))
+            except Exception as exc:
+                first = first or exc
+        if waiting:
+            await asyncio.wait([f for _, f in waiting])
+        for meta, fut in waiting:
+            failure = fut.exception()
+            if failure is not None and first is None:
+                first = self._write_error(meta, failure)
+        if first is not None:
+            raise first
 
     async def get_many(self, keys: Sequence[BlockKey]) -> list[bytes | memoryview]:
         return list(await _gather_all([self.get(k) for k in keys]))
@@ -284,55 +315,60 @@ class DiskTier(Tier):
         """Metadata of every stored block. The first call (once per instance; any
         operation makes it) reads the segments' footers and kill lists and builds
         the index; later calls read the footers again."""
+        metas = await self._recover_once()
+        return metas if metas is not None else await self._compactor.list_metas()
+
+    async def _recover_once(self) -> list[BlockMeta] | None:
+        """Build the index unless it is built; the metas when this call built it."""
         async with self._recover_lock:
             if self._reads is None:
                 raise TierUnavailable(f"tier {self.name!r} is closed")
-            if not self._recovered:
+            if self._recovered:
+                return None
+            # Recovery makes millions of objects that live on: the cyclic GC would
+            # rescan the growing heap again and again while they are built.
+            frozen = gc.isenabled()
+            gc.disable()
+            try:
                 report = await self._run(recover_root, self.root, self._direct, self._sync)
                 metas = self._load(report)
-                self._recovered = True
-                return metas
-        return await self._compactor.list_metas()
+            finally:
+                if frozen:
+                    gc.enable()
+            self._recovered = True
+            return metas
 
     def _load(self, report: RecoveryReport) -> list[BlockMeta]:
-        self.report = report
         self.skipped += len(report.skipped)
         self.damaged += report.damaged + report.torn
-        found: list[tuple[int, int, Any, str]] = []
+        loaded = load_footers(report, self._keys, self._map)
         for rs in report.segments:
             seg = Segment(rs.file, rs.file.size, sealed=True, footer=rs.has_footer,
                           kills=rs.kills)
+            seg.live_count, seg.live_bytes = loaded.live[seg.seg_id]
             self._segments[seg.seg_id] = seg
-            for e in rs.footer.entries:
-                if e.offset in rs.killed:
-                    continue
-                ns = rs.footer.namespaces[e.ns]
-                k = self._keys.key_for_store(ns, e.hash)
-                loc = pack(seg.seg_id, e.offset, e.record_len, e.payload_len)
-                prev = self._map.get(k)
-                self._map[k] = loc
-                seg.live_count += 1
-                seg.live_bytes += e.record_len
-                self._used += e.payload_len
-                if prev is not None:  # an older record of the key: superseded
-                    self._used -= size_of(prev)
-                    self._kill(prev)
-                found.append((k, loc, e, ns))
+        self._used = loaded.used
+        for prev in loaded.superseded:  # older records of a key: dead now
+            self._kill(prev)
         self._writer.next_id = report.next_id
         for seg in list(self._segments.values()):
             self._on_sealed(seg)
+        for rs in report.segments:  # the footers' entries are not needed any more
+            rs.footer = Footer([], [])
+            rs.killed = set()
+        self.report = report
         log.info("tier %r: %d blocks in %d segments recovered in %.2fs (%d scanned, %d entries "
                  "skipped, %d damaged records dropped)", self.name, len(self._map),
                  len(self._segments), report.seconds, report.scanned, len(report.skipped),
                  report.damaged + report.torn)
-        return [entry_meta(e, ns) for k, loc, e, ns in found if self._map.get(k) == loc]
+        return loaded.metas
 
     # ---- internals ----------------------------------------------------------------
     async def _ready(self) -> None:
         if self._reads is None:
             raise TierUnavailable(f"tier {self.name!r} is closed")
         if not self._recovered:
-            await self.recover()
+            await self._recover_once()
 
     def _find(self, key: BlockKey) -> tuple[int, int]:
         k = self._keys.key(key)

@@ -64,6 +64,8 @@ __all__ = [
     "encode_record_header",
     "encode_segment_header",
     "decode_segment_header",
+    "decode_tokens",
+    "encode_tokens",
     "entry_meta",
     "kill_check",
     "record_meta_of",
@@ -102,7 +104,9 @@ class FooterEntry(msgspec.Struct, array_like=True):
     ns: int
     hash: bytes
     parent: bytes | None
-    tokens: tuple[int, ...]
+    #: The msgpack array of token ids, decoded only when a BlockMeta is built (a
+    #: restart then holds no int objects for blocks it has not handed out yet).
+    tokens: msgspec.Raw
     session: str
     workload: str
     created: float
@@ -117,6 +121,15 @@ _META_ENC = msgspec.msgpack.Encoder()
 _META_DEC = msgspec.msgpack.Decoder(RecordMeta)
 _FOOTER_DEC = msgspec.msgpack.Decoder(Footer)
 _WORKLOADS = {w.value: w for w in Workload}
+_TOKENS_DEC = msgspec.msgpack.Decoder(tuple[int, ...])
+
+
+def encode_tokens(tokens: tuple[int, ...] | list[int]) -> msgspec.Raw:
+    return msgspec.Raw(_META_ENC.encode(tokens))
+
+
+def decode_tokens(raw: msgspec.Raw) -> tuple[int, ...]:
+    return _TOKENS_DEC.decode(raw)
 
 
 def align(n: int) -> int:
@@ -215,8 +228,9 @@ def decode_footer(buf: bytes | memoryview, seg_id: int, nonce: int) -> Footer:
 
 
 def entry_meta(e: FooterEntry, namespace: str) -> BlockMeta:
-    return BlockMeta(BlockKey(namespace, e.hash), e.parent, e.tokens, e.payload_len, e.checksum,
-                     e.session, _WORKLOADS.get(e.workload, Workload.UNKNOWN), e.created)
+    return BlockMeta(BlockKey(namespace, e.hash), e.parent, _TOKENS_DEC.decode(e.tokens),
+                     e.payload_len, e.checksum, e.session,
+                     _WORKLOADS.get(e.workload, Workload.UNKNOWN), e.created)
 
 
 # ---- kill lists -------------------------------------------------------------------

@@ -41,6 +41,7 @@ from kvstore.tiers.diskformat import (
     FooterEntry,
     align,
     encode_record_header,
+    encode_tokens,
     record_meta_of,
 )
 from kvstore.tiers.segment import SegmentFile, aligned, create_segment, write_at, write_footer
@@ -223,7 +224,7 @@ class GroupWriter:
         ns = seg.namespaces.setdefault(m.key.namespace, len(seg.namespaces))
         seg.entries.append(FooterEntry(
             offset, w.record_len, m.size, checksum, ns, m.key.block_hash, m.parent_hash,
-            tuple(m.token_ids), m.session_id, str(m.workload), m.created_at))
+            encode_tokens(m.token_ids), m.session_id, str(m.workload), m.created_at))
 
     async def _reserve(self, size: int) -> Segment:
         async with self._rotate:

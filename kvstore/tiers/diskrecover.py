@@ -43,6 +43,7 @@ from kvstore.tiers.diskformat import (
     Footer,
     FooterEntry,
     decode_record_header,
+    encode_tokens,
 )
 from kvstore.tiers.segment import (
     SegmentFile,
@@ -51,7 +52,7 @@ from kvstore.tiers.segment import (
     read_exact,
     read_footer,
     read_kills,
-    read_record,
+    verify_record,
     write_footer,
 )
 
@@ -214,24 +215,44 @@ def _remove_regular(root: Path, seg_id: int) -> None:
                 p.unlink()
 
 
+class _Window:
+    """Sequential reads of a segment in large aligned chunks (one read per chunk,
+    not per record); ``get`` returns bytes ``[pos, pos + n)`` (fewer at the end)."""
+
+    def __init__(self, file: SegmentFile):
+        self.file = file
+        self.start = 0
+        self.buf = memoryview(b"")
+
+    def get(self, pos: int, n: int) -> memoryview:
+        end = min(pos + n, self.file.size)
+        if not (self.start <= pos and end <= self.start + len(self.buf)):
+            length = max(end - pos, min(_SCAN_CHUNK, self.file.size - pos))
+            buf = aligned(-(-length // ALIGN) * ALIGN)
+            got = read_exact(self.file.fd, buf, pos)
+            self.start, self.buf = pos, buf[:got]
+        return self.buf[pos - self.start : end - self.start]
+
+
 def _scan(file: SegmentFile, report: RecoveryReport) -> Footer:
     """Every intact record of a segment without a footer, verified in full."""
     namespaces: dict[str, int] = {}
     entries: list[FooterEntry] = []
     damaged = torn = 0
     pos, size = ALIGN, file.size
-    page = aligned(ALIGN)
+    window = _Window(file)
     while pos < size:
-        got = read_exact(file.fd, page, pos)
+        page = window.get(pos, ALIGN)
         start = pos
-        if got >= RECORD.size and bytes(page[:4]) == REC_MAGIC:
+        if len(page) >= RECORD.size and bytes(page[:4]) == REC_MAGIC:
             try:
                 rec_len = decode_record_header(page, file.nonce, pos)[0]
             except BadSegment:
                 rec_len = 0
             if rec_len:
                 try:
-                    meta, payload = read_record(file, pos, rec_len)
+                    meta, payload = verify_record(window.get(pos, rec_len), file.nonce, pos,
+                                                  rec_len)
                 except BadSegment as exc:
                     damaged += 1
                     log.warning("disk tier: segment %016x: damaged record at %d dropped: %s",
@@ -240,7 +261,8 @@ def _scan(file: SegmentFile, report: RecoveryReport) -> Footer:
                     ns = namespaces.setdefault(meta.ns, len(namespaces))
                     entries.append(FooterEntry(
                         pos, rec_len, payload.nbytes, _checksum(page), ns, meta.hash,
-                        meta.parent, meta.tokens, meta.session, meta.workload, meta.created))
+                        meta.parent, encode_tokens(meta.tokens), meta.session, meta.workload,
+                        meta.created))
                 pos += rec_len
                 continue
             damaged += 1  # the magic, but not a header of this segment at this offset

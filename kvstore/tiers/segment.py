@@ -53,6 +53,7 @@ __all__ = [
     "read_record",
     "remove_segment",
     "seg_path",
+    "verify_record",
     "write_at",
     "write_footer",
     "write_kills",
@@ -192,11 +193,21 @@ def read_record(seg: SegmentFile, offset: int, record_len: int
     BadSegment when any check fails (never returns unverified bytes)."""
     buf = aligned(record_len)
     got = read_exact(seg.fd, buf, offset)
-    if got < RECORD.size:
+    return verify_record(buf[:got], seg.nonce, offset, record_len)
+
+
+def verify_record(buf: memoryview, nonce: int, offset: int, record_len: int | None = None
+                  ) -> tuple[RecordMeta, memoryview]:
+    """Check the record that ``buf`` (read from ``offset``) starts with: header,
+    metadata, payload checksum; ``record_len`` if given must match. Returns its meta
+    and a read-only view of its payload; raises BadSegment."""
+    if len(buf) < RECORD.size:
         raise BadSegment(f"record at {offset} lies past the end of the segment")
-    rec_len, pay_len, meta_len, checksum = decode_record_header(buf, seg.nonce, offset)
-    if rec_len != record_len or got < RECORD.size + meta_len + pay_len:
-        raise BadSegment(f"record at {offset} is {rec_len} bytes, expected {record_len}")
+    rec_len, pay_len, meta_len, checksum = decode_record_header(buf, nonce, offset)
+    if (record_len is not None and rec_len != record_len) or (
+            len(buf) < RECORD.size + meta_len + pay_len):
+        raise BadSegment(f"record at {offset} is {rec_len} bytes, expected {record_len}, "
+                         f"{len(buf)} readable")
     meta = check_record_meta(buf, meta_len)
     start = RECORD.size + meta_len
     payload = buf[start : start + pay_len]

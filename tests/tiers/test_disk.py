@@ -322,11 +322,19 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
     try:
         yield mnt
     finally:
-        subprocess.run(["umount", str(mnt)], check=False)
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode:
+            subprocess.run(["umount", "-l", str(mnt)], check=False)  # still busy: detach it
 
 
 async def test_real_full_filesystem(tiny_fs: Path) -> None:
     tier = DiskTier(tiny_fs / "d", 16 * CAPACITY)
+    try:
+        await _fill_a_full_filesystem(tier, tiny_fs)
+    finally:
+        await tier.close()
+
+
+async def _fill_a_full_filesystem(tier: DiskTier, tiny_fs: Path) -> None:
     stored = []
     with pytest.raises(TierFull, match="is full"):
         for i in range(64):  # 64 x 96 KiB > the 1 MiB filesystem
@@ -425,3 +433,19 @@ async def test_payload_not_matching_its_checksum_is_refused(disk: DiskTier) -> N
     again = await reopen(disk.root)
     assert again.blocks == 0
     await again.close()
+
+
+async def test_config_keys_reach_the_tier(tmp_path: Path) -> None:
+    from kvstore.config import load_config
+    from kvstore.errors import ConfigError
+    from kvstore.server.app import build_tiers
+
+    cfg = load_config(env={"KVSTORE_DISK__SEGMENT_SIZE": "64MiB", "KVSTORE_DISK__DIRECT_IO": "0",
+                           "KVSTORE_DRAM__ENABLED": "false"},
+                      overrides={"data_dir": str(tmp_path)})
+    [tier] = build_tiers(cfg)
+    assert isinstance(tier, DiskTier)
+    assert tier._writer.segment_size == 64 << 20 and not tier._direct
+    await tier.close()
+    with pytest.raises(ConfigError, match="disk.segment_size"):
+        load_config(env={"KVSTORE_DISK__SEGMENT_SIZE": "1000"})
