@@ -28,7 +28,11 @@ Here:
   footer and kill list, not its records, and scans only a segment that has no
   footer (the one being written at a crash).
 * **Compact index** (:mod:`kvstore.tiers.diskindex`): two Python ints per
-  block; namespace, token ids and the rest live in the records and footers.
+  block; namespace, token ids and the rest live in the records and footers
+  (:meth:`DiskTier.read_meta` reads them back).
+
+Each segment keeps one file descriptor open (the tier lifts the soft open-file
+limit to the hard one); segments are ``capacity / 64`` (4 MiB to 1 GiB) by default.
 
 Capacity counts payload bytes (headers, padding and footers are not counted).
 When ``meta.checksum`` is set (non-zero) the bytes written are checked against
@@ -45,15 +49,15 @@ import asyncio
 import errno
 import gc
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import xxhash
 
 from kvstore.errors import BlockNotFound, DataCorruption, TierFull, TierUnavailable
-from kvstore.tiers._common import as_bytes_view, check_put, tier_full
+from kvstore.tiers._common import as_bytes_view, check_put, gather_all, tier_full
 from kvstore.tiers.base import Tier
 from kvstore.tiers.diskcompact import Compactor, Killer
 from kvstore.tiers.diskformat import BadSegment, Footer, RecordMeta
@@ -69,23 +73,14 @@ from kvstore.tiers.diskindex import (
 )
 from kvstore.tiers.disklog import ChangedPayload, GroupWriter, Segment, Write
 from kvstore.tiers.diskrecover import RecoveryReport, recover_root
-from kvstore.tiers.segment import read_record
+from kvstore.tiers.segment import default_segment_bytes, lift_fd_limit, read_record
 from kvstore.types import BlockKey, BlockMeta, Medium, Workload
 
 __all__ = ["DiskTier", "default_segment_bytes"]
 
 log = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
 _FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
-def default_segment_bytes(capacity_bytes: int) -> int:
-    """A power of two near capacity / 64, between 4 MiB and 1 GiB."""
-    size = 4 << 20
-    while size < (1 << 30) and size * 64 < capacity_bytes:
-        size *= 2
-    return size
 
 
 class DiskTier(Tier):
@@ -126,6 +121,7 @@ class DiskTier(Tier):
         self._killer = Killer(self.root, self._writes, self._segments, fsync,
                               on_empty=self._remove_segment, on_sparse=self._maybe_compact)
         self._compactor = Compactor(self)
+        lift_fd_limit()
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -279,10 +275,10 @@ class DiskTier(Tier):
             raise first
 
     async def get_many(self, keys: Sequence[BlockKey]) -> list[bytes | memoryview]:
-        return list(await _gather_all([self.get(k) for k in keys]))
+        return list(await gather_all([self.get(k) for k in keys]))
 
     async def delete_many(self, keys: Sequence[BlockKey]) -> int:
-        return sum(await _gather_all([self.delete(k) for k in keys]))
+        return sum(await gather_all([self.delete(k) for k in keys]))
 
     async def close(self) -> None:
         reads, self._reads = self._reads, None
@@ -420,12 +416,3 @@ class DiskTier(Tier):
                 f"({size} bytes); nothing was stored, free disk space or evict"
             )
         return TierUnavailable(f"tier {self.name!r}: I/O error while {what}: {exc}")
-
-
-async def _gather_all(aws: Sequence[Awaitable[_T]]) -> list[_T]:
-    """Run all to completion; then raise the first failure, if any."""
-    results = await asyncio.gather(*aws, return_exceptions=True)
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
-    return cast(list[_T], results)

@@ -11,8 +11,9 @@ For every ``<id>.seg`` in the root (in id order, so a later record of a key wins
   tail is truncated and a footer is written, so the next start reads it fast;
 * its kill list removes the records deleted or replaced since.
 
-What is verified at restart: every footer's checksum, every kill entry's check,
-and in scanned segments every record in full. What is verified at first read:
+What is verified at restart: every footer's checksum, that every record a
+footer lists lies inside its segment file, every kill entry's check, and in
+scanned segments every record in full. What is verified at first read:
 the payload of records listed in footers (the tier checks header, key and
 payload checksum on every read; a mismatch is DataCorruption and the block is
 dropped and counted, never served).
@@ -162,6 +163,7 @@ def _recover_segment(root: Path, seg_id: int, direct: bool, sync: bool,
     try:
         footer = read_footer(root, file)
         has_footer = True
+        _drop_past_the_end(file, footer, report)
     except (BadSegment, OSError) as exc:
         if not isinstance(exc, FileNotFoundError):
             log.warning("disk tier: footer of %s unusable (%s); scanning the segment",
@@ -194,6 +196,17 @@ def _with_kills(root: Path, file: SegmentFile, footer: Footer, has_footer: bool,
         report.damaged += bad
         log.warning("disk tier: %d damaged entries in the kill list of %s", bad, path.name)
     return RecoveredSegment(file, footer, killed, kills, has_footer)
+
+
+def _drop_past_the_end(file: SegmentFile, footer: Footer, report: RecoveryReport) -> None:
+    """Records a footer lists beyond the end of a (truncated) segment file are gone."""
+    inside = [e for e in footer.entries if e.offset + e.record_len <= file.size]
+    if len(inside) < len(footer.entries):
+        lost = len(footer.entries) - len(inside)
+        report.damaged += lost
+        log.warning("disk tier: segment %016x is cut short (%d bytes): %d records past its end "
+                    "dropped", file.seg_id, file.size, lost)
+        footer.entries = inside
 
 
 def _orphans(root: Path, seg_id: int, report: RecoveryReport) -> None:

@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import logging
 import os
 import secrets
 import stat
@@ -44,7 +45,9 @@ __all__ = [
     "SegmentFile",
     "aligned",
     "create_segment",
+    "default_segment_bytes",
     "fsync_dir",
+    "lift_fd_limit",
     "open_regular",
     "open_segment",
     "punch",
@@ -73,6 +76,27 @@ class SegmentFile:
     size: int
     fd: int
     direct: bool
+
+
+def lift_fd_limit() -> None:
+    """Every segment keeps a file descriptor open: raise the soft limit to the hard one."""
+    import resource
+
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:  # pragma: no cover - a locked-down host
+        logging.getLogger(__name__).info("disk tier: open-file limit left as it is: %s", exc)
+
+
+def default_segment_bytes(capacity_bytes: int) -> int:
+    """A power of two near capacity / 64, between 4 MiB and 1 GiB."""
+    size = 4 << 20
+    while size < (1 << 30) and size * 64 < capacity_bytes:
+        size *= 2
+    return size
 
 
 def seg_path(root: Path, seg_id: int, suffix: str) -> Path:

@@ -143,6 +143,23 @@ async def test_a_segment_without_footer_is_scanned_and_holes_skipped(tmp_path: P
     await third.close()
 
 
+async def test_records_past_the_end_of_a_cut_segment_are_dropped_at_restart(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "d"
+    tier = DiskTier(root, CAPACITY)
+    items = [block(i, 9000) for i in range(4)]
+    for m, d in items:
+        await tier.put(m, d)
+    seg, last = where(tier, key(3))
+    await tier.close()
+    os.truncate(seg, last + 5000)  # a disk that lost the end of the file
+    again = await reopen(root)
+    assert again.blocks == 3 and again.damaged == 1  # not counted as stored, never a hit
+    assert not await again.contains(key(3))
+    await again.close()
+
+
 async def test_a_damaged_footer_falls_back_to_a_scan(tmp_path: Path) -> None:
     root = tmp_path / "d"
     tier = DiskTier(root, CAPACITY)

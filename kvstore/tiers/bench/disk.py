@@ -5,7 +5,9 @@
 
 Baseline: ``fio`` (direct I/O, libaio, the same block size, queue depth 1 and
 ``--qd``; writes end with an fsync) when it is installed, else ``dd`` with
-``oflag=direct`` / ``iflag=direct`` (queue depth 1). Each repeat runs baseline
+``oflag=direct`` / ``iflag=direct`` (queue depth 1). With fio, one more write
+line has the tier's durability: an ``fdatasync`` after every batch of blocks
+(as many as one 8 MiB group commit holds), queue depth 1. Each repeat runs baseline
 write, tier put, baseline read, tier get, one after the other, so load from
 other processes hits all alike; medians are printed.
 
@@ -34,10 +36,13 @@ from kvstore.types import BlockKey, BlockMeta
 __all__ = ["main", "raw_read", "raw_write"]
 
 
-def _fio(path: Path, rw: str, block: int, total: int, qd: int) -> float:
+def _fio(path: Path, rw: str, block: int, total: int, qd: int, sync_every: int = 0) -> float:
     cmd = ["fio", "--name=kvbench", f"--filename={path}", f"--size={total}", f"--bs={block}",
-           f"--rw={rw}", "--direct=1", "--ioengine=libaio", f"--iodepth={qd}",
-           "--output-format=json", "--allow_file_create=1"]
+           f"--rw={rw}", "--direct=1", "--output-format=json", "--allow_file_create=1"]
+    if sync_every:  # the tier's durability: an fdatasync after every batch of writes
+        cmd += ["--ioengine=psync", f"--fdatasync={sync_every}"]
+    else:
+        cmd += ["--ioengine=libaio", f"--iodepth={qd}"]
     if rw == "write":
         cmd.append("--end_fsync=1")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
@@ -102,6 +107,9 @@ async def run(block: int, blocks: int, repeats: int, qd: int, base: Path) -> dic
         if tool == "fio":
             rates.setdefault(f"fio direct write, qd {qd}", []).append(
                 raw_write(raw, block, total, qd))
+            every = max(1, (8 << 20) // (block + 4096))
+            rates.setdefault(f"fio direct write + fdatasync per {every}", []).append(
+                _fio(raw, "write", block, total, 1, sync_every=every))
         tier_root = base / f"tier-{r}"
         put, get, per_sync = await _tier_round(tier_root, data, blocks, qd, r)
         rates.setdefault("tier put_many (durable)", []).append(put)
@@ -129,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="kvbench-") as tmp:
         res = asyncio.run(run(block, args.blocks, args.repeats, args.qd, Path(tmp)))
     print(f"block {block} bytes x {args.blocks} blocks, median of {args.repeats}")
-    writes = [v for k, v in res.items() if "direct write" in k]
+    writes = [v for k, v in res.items() if "direct write" in k and "fdatasync" not in k]
     reads = [v for k, v in res.items() if "direct read" in k]
     for name, value in res.items():
         if name == "blocks per fdatasync":
