@@ -4,7 +4,8 @@
                                        [--qd 8] [--dir DIR]
 
 Baseline: ``fio`` (direct I/O, libaio, the same block size, queue depth 1 and
-``--qd``; writes end with an fsync) when it is installed, else ``dd`` with
+``--qd``; writes end with an fsync and go to a new file each time, so they
+allocate blocks as the tier's new segments do) when it is installed, else ``dd`` with
 ``oflag=direct`` / ``iflag=direct`` (queue depth 1). With fio, one more write
 line has the tier's durability: an ``fdatasync`` after every batch of blocks
 (as many as one 8 MiB group commit holds), queue depth 1. Each repeat runs baseline
@@ -103,13 +104,18 @@ async def run(block: int, blocks: int, repeats: int, qd: int, base: Path) -> dic
     tool = "fio" if shutil.which("fio") else "dd"
     for r in range(repeats):
         raw = base / f"raw-{r}"
-        rates.setdefault(f"{tool} direct write, qd 1", []).append(raw_write(raw, block, total, 1))
+
+        def fresh_write(name: str, qd: int, sync_every: int = 0, raw: Path = raw) -> None:
+            raw.unlink(missing_ok=True)  # every raw write allocates, as a new segment does
+            rate = (_fio(raw, "write", block, total, qd, sync_every) if tool == "fio"
+                    else _dd(raw, "write", block, total))
+            rates.setdefault(name, []).append(rate)
+
+        fresh_write(f"{tool} direct write, qd 1", 1)
         if tool == "fio":
-            rates.setdefault(f"fio direct write, qd {qd}", []).append(
-                raw_write(raw, block, total, qd))
+            fresh_write(f"fio direct write, qd {qd}", qd)
             every = max(1, (8 << 20) // (block + 4096))
-            rates.setdefault(f"fio direct write + fdatasync per {every}", []).append(
-                _fio(raw, "write", block, total, 1, sync_every=every))
+            fresh_write(f"fio direct write + fdatasync per {every}", 1, every)
         tier_root = base / f"tier-{r}"
         put, get, per_sync = await _tier_round(tier_root, data, blocks, qd, r)
         rates.setdefault("tier put_many (durable)", []).append(put)
