@@ -115,7 +115,7 @@ class Killer:
             punched = await loop.run_in_executor(
                 self._executor, _kill_records, self.root, seg.file, first, offsets, lengths,
                 self._sync, self.can_punch)
-        except OSError as exc:
+        except (OSError, BadSegment) as exc:
             seg.kills = first
             log.warning("disk tier: kill list of segment %016x not written (%s): %d deleted "
                         "blocks may come back after a restart", seg.seg_id, exc, len(offsets))

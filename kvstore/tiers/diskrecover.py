@@ -165,7 +165,9 @@ def _recover_segment(root: Path, seg_id: int, direct: bool, sync: bool,
         has_footer = True
         _drop_past_the_end(file, footer, report)
     except (BadSegment, OSError) as exc:
-        if not isinstance(exc, FileNotFoundError):
+        if "not a regular file" in str(exc):
+            _skip(report, f"{seg_id:016x}.idx", f"{exc}; scanning the segment instead")
+        elif not isinstance(exc, FileNotFoundError):
             log.warning("disk tier: footer of %s unusable (%s); scanning the segment",
                         path.name, exc)
         footer, has_footer = _scan(file, report), False

@@ -183,6 +183,8 @@ async def test_leftovers_and_bad_entries_are_skipped_never_stop_the_start(tmp_pa
     os.mkfifo(root / "00000000000000f2.seg")  # a FIFO (opening it must not hang)
     (root / "00000000000000f3.seg").write_bytes(b"garbage header" * 400)
     os.mkfifo(root / seg.name.replace(".seg", ".kill.x"))  # an unknown entry
+    (root / f"{seg.stem}.idx").unlink()
+    os.mkfifo(root / f"{seg.stem}.idx")  # a FIFO where the footer belongs: scan instead
     (root / f"{seg.stem}.idx.tmp").write_bytes(b"half a footer")  # leftover, removed
     (root / "ab").mkdir()  # the previous format's directory of block files
     (root / "ab" / "ab12.0011.kvb").write_bytes(b"v1")
@@ -190,7 +192,8 @@ async def test_leftovers_and_bad_entries_are_skipped_never_stop_the_start(tmp_pa
     again = DiskTier(root, CAPACITY)
     await asyncio.wait_for(again.recover(), 30)
     assert again.blocks == 3
-    assert again.skipped == 5 and again.damaged == 1  # f0, f1, f2, the FIFO, v1 files; f3
+    # skipped: f0, f1, f2, the unknown FIFO, the FIFO footer, the v1 files; damaged: f3
+    assert again.skipped == 6 and again.damaged == 1
     assert not (root / f"{seg.stem}.idx.tmp").exists()
     assert not (root / "00000000000000f3.seg").exists()  # the damaged segment was dropped
     await again.put(*block(10, 100))  # new segments get ids past every name seen
