@@ -184,7 +184,9 @@ class GroupWriter:
             base = seg.tail
             seg.tail += size
             seg.inflight += 1
-            buf = self._buffers.pop() if self._buffers and size <= self.batch_bytes else None
+            buf = None
+            if size <= self.batch_bytes:  # reused: a fresh buffer costs a page fault per 4 KiB
+                buf = self._buffers.pop() if self._buffers else aligned(self.batch_bytes)
             items = [(w.payload, w.meta_bytes, w.record_len, w.meta.checksum) for w in batch]
             try:
                 results = await loop.run_in_executor(

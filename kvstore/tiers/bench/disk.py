@@ -81,7 +81,9 @@ def _metas(n: int, size: int, run: int) -> list[BlockMeta]:
 async def _tier_round(root: Path, data: bytes, blocks: int, qd: int, run: int
                       ) -> tuple[float, float, float]:
     total = len(data) * blocks
-    tier = DiskTier(root, 2 * total, io_threads=qd)
+    # Sized like the server's default disk tier (10 GiB: 256 MiB segments); capacity is
+    # logical, only the segments written are allocated.
+    tier = DiskTier(root, max(2 * total, 10 << 30), io_threads=qd)
     metas = _metas(blocks, len(data), run)
     try:
         t0 = time.perf_counter()
