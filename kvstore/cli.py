@@ -1,4 +1,4 @@
-"""``kvstore``: serve, stats, events, replay, bench."""
+"""``kvstore``: serve, stats, events, replay, profile, bench, loadtest."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ __all__ = ["main"]
 log = logging.getLogger("kvstore")
 
 #: Subcommands contributed by other packages: module exposing add_parser(subparsers).
-_PLUGINS = ("kvstore.events.cli", "kvstore.replay.cli", "kvstore.bench")
+_PLUGINS = ("kvstore.events.cli", "kvstore.replay.cli", "kvstore.profile.cli", "kvstore.bench",
+            "kvstore.loadtest")
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -16,6 +16,10 @@ Example ``kvstore.toml``::
     [disk]
     capacity = "100GiB"
     path = "/var/lib/kvstore"
+
+    [redis]                      # the tier shared between hosts (off by default)
+    enabled = true
+    url = "redis://redis:6379/0" # or cluster_nodes = ["10.0.0.1:6379", "10.0.0.2:6379"]
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ from typing import Any
 
 from kvstore.errors import ConfigError
 
-__all__ = ["Config", "DiskConfig", "DramConfig", "EngineConfig", "ServerConfig", "build_section",
-           "load_config", "parse_size"]
+__all__ = ["Config", "DiskConfig", "DramConfig", "EngineConfig", "RedisConfig", "ServerConfig",
+           "build_section", "load_config", "parse_size"]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -75,7 +79,18 @@ class ServerConfig:
     max_message_bytes: int = 80 * 2**20
     #: Shared-memory data plane: default lease on reserved / acquired slots.
     lease_seconds: float = 30.0
+    #: Longest read lease a client may ask for.
+    max_lease_seconds: float = 300.0
     grace_seconds: float = 5.0
+    #: Block hashes one call may carry (Lookup, Get, Acquire, Reserve, Commit, Put
+    #: message, Delete).
+    max_hashes_per_call: int = 131_072
+    #: Token ids one block may carry (kept in memory with the block's metadata).
+    max_block_tokens: int = 8192
+    #: RPCs served at once; past it a call fails with RESOURCE_EXHAUSTED.
+    max_concurrent_rpcs: int = 1024
+    #: Put streams open at once.
+    max_put_streams: int = 64
 
     def validate(self) -> None:
         _parse_hostport(self.listen, "server.listen")
@@ -88,8 +103,14 @@ class ServerConfig:
                 f"server.max_message_bytes ({self.max_message_bytes}) must exceed "
                 f"server.max_block_bytes ({self.max_block_bytes})"
             )
-        if self.lease_seconds <= 0:
-            raise ConfigError(f"server.lease_seconds: must be > 0, got {self.lease_seconds}")
+        if not 0 < self.lease_seconds <= self.max_lease_seconds:
+            raise ConfigError(
+                f"server.lease_seconds: must be > 0 and <= server.max_lease_seconds "
+                f"({self.max_lease_seconds}), got {self.lease_seconds}")
+        for name in ("max_hashes_per_call", "max_block_tokens", "max_concurrent_rpcs",
+                     "max_put_streams"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"server.{name}: must be > 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +119,16 @@ class DramConfig:
     capacity: int = 1 * 2**30
     #: Prefix of the POSIX shared-memory segment names.
     segment_prefix: str = "kvstore"
+    #: Share of the tier that read leases may pin at once (past it, blocks are read
+    #: over gRPC), so readers can never leave writers without slots.
+    max_pinned_fraction: float = 0.75
 
     def validate(self) -> None:
         if self.enabled and self.capacity <= 0:
             raise ConfigError("dram.capacity: must be > 0 when dram.enabled")
+        if not 0 < self.max_pinned_fraction <= 1:
+            raise ConfigError(
+                f"dram.max_pinned_fraction: must be in (0, 1], got {self.max_pinned_fraction}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +152,105 @@ class DiskConfig:
                 f"disk.segment_size: expected 0 (automatic) or a multiple of 4 KiB between "
                 f"1 MiB and 1 TiB, got {self.segment_size}"
             )
+
+
+@dataclass(frozen=True, slots=True)
+class RedisConfig:
+    """The shared tier: one Redis (``url``) or a Redis Cluster (``cluster_nodes``).
+
+    ``capacity`` is this sidecar's budget in the shared store: the payload bytes of the
+    blocks its index holds in Redis (written by it, or found there and adopted); the
+    engine evicts (deletes) its own blocks past it. Redis's ``maxmemory`` bounds the
+    store as a whole. Timeouts bound every call: past them Redis counts as a miss."""
+
+    enabled: bool = False
+    #: ``redis://[USER:PASSWORD@]HOST:PORT/DB``, ``rediss://...`` (TLS) or ``unix://PATH``.
+    url: str = ""
+    #: ``["HOST:PORT", ...]`` of a Redis Cluster (any subset of its nodes); instead of url.
+    cluster_nodes: tuple[str, ...] = ()
+    username: str = ""
+    password: str = ""
+    capacity: int = 4 * 2**30
+    #: Values above this are split into chunks (one slot per block, via a hash tag).
+    chunk_bytes: int = 4 * 2**20
+    #: Default time-to-live of stored blocks, seconds; 0 = none (Redis's maxmemory
+    #: policy is then the only thing that ever removes an abandoned block).
+    ttl_seconds: float = 3600.0
+    #: A read renews the block's TTL once less than half of it is left (so a TTL acts as
+    #: "unused for about that long").
+    refresh_ttl_on_read: bool = True
+    key_prefix: str = "kvstore"
+    #: Deadline of one operation (a pipeline of a batch), seconds.
+    timeout: float = 1.0
+    #: Deadline of a lookup's probe for the rest of a prefix, seconds.
+    probe_timeout: float = 0.1
+    connect_timeout: float = 0.5
+    #: After a failure Redis is skipped (every call a miss) this long, then retried.
+    retry_interval: float = 1.0
+    max_connections: int = 32
+    #: Copy every block the policy admits to Redis in the background (other hosts find
+    #: it at once); false: Redis only receives blocks demoted from the tier above.
+    write_through: bool = True
+    #: Most hashes a lookup probes in Redis past the local prefix.
+    probe_max_blocks: int = 256
+    #: Read bandwidth from Redis, bytes/s: the cost model loads a Redis hit only when
+    #: that beats recomputing its tokens.
+    read_bytes_per_s: float = 1e9
+
+    @property
+    def cluster(self) -> bool:
+        return bool(self.cluster_nodes)
+
+    def validate(self) -> None:
+        if self.enabled and bool(self.url) == bool(self.cluster_nodes):
+            raise ConfigError(
+                "redis.url / redis.cluster_nodes: set exactly one when redis.enabled "
+                f"(url={self.url!r}, cluster_nodes={list(self.cluster_nodes)!r})")
+        if self.url:
+            _parse_redis_url(self.url)
+        for node in self.cluster_nodes:
+            _parse_hostport(node, "redis.cluster_nodes")
+        positive = {"capacity": self.capacity, "timeout": self.timeout,
+                    "probe_timeout": self.probe_timeout,
+                    "connect_timeout": self.connect_timeout,
+                    "max_connections": self.max_connections,
+                    "read_bytes_per_s": self.read_bytes_per_s}
+        for name, value in positive.items():
+            if value <= 0:
+                raise ConfigError(f"redis.{name}: must be > 0, got {value!r}")
+        if not 64 * 2**10 <= self.chunk_bytes <= 512 * 2**20:
+            raise ConfigError(
+                f"redis.chunk_bytes: expected 64KiB to 512MiB, got {self.chunk_bytes}")
+        for name, value in (("ttl_seconds", self.ttl_seconds),
+                            ("retry_interval", self.retry_interval),
+                            ("probe_max_blocks", self.probe_max_blocks)):
+            if value < 0:
+                raise ConfigError(f"redis.{name}: must be >= 0, got {value!r}")
+        if not re.fullmatch(r"[A-Za-z0-9_.:-]+", self.key_prefix):
+            raise ConfigError(
+                "redis.key_prefix: expected letters, digits and _.:- (no braces or spaces), "
+                f"got {self.key_prefix!r}")
+
+
+def _parse_redis_url(url: str) -> None:
+    from urllib.parse import urlsplit
+
+    what = "redis.url"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"{what}: not a URL ({exc}): {url!r}") from None
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ConfigError(f"{what}: unix:// needs a socket path, got {url!r}")
+        return
+    if parts.scheme not in ("redis", "rediss"):
+        raise ConfigError(
+            f"{what}: expected redis://HOST:PORT/DB, rediss://... or unix://PATH, got {url!r}")
+    db = parts.path.lstrip("/")
+    if not parts.hostname or (db and not db.isdigit()) or port == 0:
+        raise ConfigError(f"{what}: expected redis://HOST:PORT/DB (DB a number), got {url!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +283,7 @@ class Config:
     dram: DramConfig = field(default_factory=DramConfig)
     disk: DiskConfig = field(default_factory=DiskConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    redis: RedisConfig = field(default_factory=RedisConfig)
     #: Event stream settings, validated by kvstore.events (kept raw here so the
     #: events package owns its own schema).
     events: Mapping[str, Any] = field(default_factory=dict)
@@ -170,16 +297,18 @@ class Config:
             raise ConfigError(
                 f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}"
             )
-        for part in (self.server, self.dram, self.disk, self.engine):
+        for part in (self.server, self.dram, self.disk, self.engine, self.redis):
             part.validate()
-        if not (self.dram.enabled or self.disk.enabled):
-            raise ConfigError("dram.enabled / disk.enabled: at least one tier must be enabled")
+        if not (self.dram.enabled or self.disk.enabled or self.redis.enabled):
+            raise ConfigError(
+                "dram.enabled / disk.enabled / redis.enabled: at least one tier must be enabled")
         return self
 
 
-_SIZE_FIELDS = {"capacity", "max_block_bytes", "max_message_bytes", "segment_size"}
+_SIZE_FIELDS = {"capacity", "max_block_bytes", "max_message_bytes", "chunk_bytes",
+                "segment_size"}
 _SECTIONS = {"server": ServerConfig, "dram": DramConfig, "disk": DiskConfig,
-             "engine": EngineConfig}
+             "engine": EngineConfig, "redis": RedisConfig}
 
 
 def _coerce(section: str, name: str, ftype: Any, value: Any) -> Any:
@@ -206,8 +335,14 @@ def _coerce(section: str, name: str, ftype: Any, value: Any) -> Any:
             if not isinstance(value, str | int | float):
                 raise ValueError
             return str(value)
+        if tname.startswith("tuple[str"):
+            items = value.split(",") if isinstance(value, str) else value
+            if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+                raise ValueError
+            return tuple(i.strip() for i in items if i.strip())
     except ValueError:
-        raise ConfigError(f"{what}: expected {tname}, got {value!r}") from None
+        expected = "a list of strings" if tname.startswith("tuple") else tname
+        raise ConfigError(f"{what}: expected {expected}, got {value!r}") from None
     return value
 
 

@@ -16,6 +16,7 @@ was wrong and whether retrying can help::
     ├── ResourceExhausted        RESOURCE_EXHAUSTED  no room, now or ever
     │   ├── BlockTooLargeForTier       block bigger than a whole tier
     │   └── TierFull                   nothing evictable frees enough room
+    ├── PermissionDenied         PERMISSION_DENIED   not yours (another client's slot or lease)
     ├── FailedPrecondition       FAILED_PRECONDITION state does not allow it
     │   ├── UnknownReservation         commit of a slot never reserved (or expired)
     │   └── LeaseExpired               read lease no longer valid; data discarded
@@ -44,6 +45,7 @@ __all__ = [
     "LeaseExpired",
     "NamespaceNotFound",
     "NotFound",
+    "PermissionDenied",
     "PayloadTooLarge",
     "ResourceExhausted",
     "TierFull",
@@ -105,6 +107,10 @@ class TierFull(ResourceExhausted):
     pass
 
 
+class PermissionDenied(KVStoreError):
+    status = "PERMISSION_DENIED"
+
+
 class FailedPrecondition(KVStoreError):
     status = "FAILED_PRECONDITION"
 
@@ -135,6 +141,7 @@ _BY_STATUS: dict[str, type[KVStoreError]] = {
         InvalidArgument,
         NotFound,
         ResourceExhausted,
+        PermissionDenied,
         FailedPrecondition,
         Unavailable,
         DataCorruption,

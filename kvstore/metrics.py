@@ -3,7 +3,9 @@
 A collector wraps the engine from the outside (nothing inside the engine knows
 about Prometheus): per-tier bytes, blocks, hits, evictions; lookup hits and
 misses; bytes in/out; bytes moved between tiers; events published. Transfer
-latency comes from :class:`TimedTier`, a decorator around any tier.
+latency comes from :class:`TimedTier`, a decorator around any tier. The live
+workload profile's headline numbers come from
+:class:`kvstore.profile.prom.ProfileCollector`.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kvstore.tiers.base import Tier
+from kvstore.tiers.base import CountingTier, Tier
 from kvstore.types import BlockKey, BlockMeta
 
 if TYPE_CHECKING:
     from kvstore.engine.core import Engine
+    from kvstore.profile.live import LiveProfile
 
 __all__ = ["EngineCollector", "TimedTier", "make_registry"]
 
@@ -48,6 +51,7 @@ class EngineCollector(Collector):
             hits.add_metric([name], st.tier_hits[name])
             ev.add_metric([name], st.evictions[name])
         yield from (used, cap, blocks, hits, ev)
+        yield self._tier_ops()
         yield CounterMetricFamily("kvstore_lookup_hit_blocks", "Blocks found by lookups",
                                   value=st.lookup_hit_blocks)
         yield CounterMetricFamily("kvstore_lookup_miss_blocks", "Blocks missed by lookups",
@@ -65,12 +69,54 @@ class EngineCollector(Collector):
                                 value=eng.mover.pending)
         yield CounterMetricFamily("kvstore_events_published", "Block events published",
                                   value=getattr(self.events, "published", 0))
+        yield CounterMetricFamily("kvstore_events_dropped",
+                                  "Event batches lost (publisher high-water mark, failures, "
+                                  "lagging subscribers)", value=getattr(self.events, "dropped", 0))
+        yield CounterMetricFamily("kvstore_transfers_failed",
+                                  "Tier-to-tier transfers that failed or were skipped",
+                                  value=eng.mover.failed)
+        yield CounterMetricFamily("kvstore_transfers_dropped",
+                                  "Transfers refused because the mover queue was full",
+                                  value=eng.mover.dropped)
+        yield CounterMetricFamily("kvstore_corrupt_reads",
+                                  "Copies found corrupt on read and dropped",
+                                  value=st.corrupt_reads)
+        yield CounterMetricFamily("kvstore_demotions_failed",
+                                  "Victims dropped because their copy to the next tier failed",
+                                  value=st.demotions_failed)
+        yield CounterMetricFamily("kvstore_orphans_dropped",
+                                  "Recovered blocks dropped at start (an ancestor was gone)",
+                                  value=st.orphans_dropped)
+        yield GaugeMetricFamily("kvstore_startup_skipped",
+                                "Entries the persistent tiers could not use at start",
+                                value=eng.startup_skipped())
+        yield GaugeMetricFamily("kvstore_quarantined_slots",
+                                "Slots of expired reservations not yet reusable",
+                                value=eng.leases.quarantined)
 
 
-def make_registry(engine: Engine, events: Any = None) -> CollectorRegistry:
+    def _tier_ops(self) -> CounterMetricFamily:
+        """What tiers absorbed without telling the engine (``CountingTier``): e.g. the
+        redis tier's misses, timeouts, unavailable / oom / corrupt values, probes."""
+        fam = CounterMetricFamily("kvstore_tier_ops", "Tier operation outcomes",
+                                  labels=["tier", "outcome"])
+        for name, tier in self.engine.tiers.items():
+            inner = tier.unwrap()
+            if isinstance(inner, CountingTier):
+                for outcome, n in sorted(inner.counters().items()):
+                    fam.add_metric([name, outcome], n)
+        return fam
+
+
+def make_registry(engine: Engine, events: Any = None, profile: LiveProfile | None = None
+                  ) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(EngineCollector(engine, events))
     registry.register(TimedTier.LATENCY)
+    if profile is not None:
+        from kvstore.profile.prom import ProfileCollector
+
+        registry.register(ProfileCollector(profile))
     return registry
 
 

@@ -114,3 +114,6 @@ class BlockMeta:
     session_id: str = ""
     workload: Workload = Workload.UNKNOWN
     created_at: float = 0.0
+    #: Tokens the block holds (``len(token_ids)`` when token ids are kept; a trace
+    #: replay keeps none and sets this alone).
+    num_tokens: int = 0

@@ -7,17 +7,20 @@ of valid ones.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Sequence
 
-from kvstore.policies.base import BlockInfo, Hint, Move, Policy, TierSpec
+from kvstore.policies.base import BlockInfo, Hint, Move, Plan, Policy, RequestInfo, TierSpec
 
-__all__ = ["BlockInfo", "Hint", "Move", "Policy", "TierSpec", "available", "create", "register"]
+__all__ = ["BlockInfo", "Hint", "Move", "Plan", "Policy", "RequestInfo", "TierSpec", "available",
+           "create", "register"]
 
 _REGISTRY: dict[str, str] = {
     "lru": "kvstore.policies.lru:LRUPolicy",
     "lru+filter": "kvstore.policies.filter:FilteredLRU",
     "s3fifo": "kvstore.policies.s3fifo:S3FIFOPolicy",
     "s3fifo+filter": "kvstore.policies.filter:FilteredS3FIFO",
+    "ttl": "kvstore.policies.ttl:TTLPolicy",
     "workload": "kvstore.policies.workload:WorkloadPolicy",
 }
 
@@ -33,7 +36,9 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def create(name: str, tiers: Sequence[TierSpec], **options: object) -> Policy:
+def create(name: str, tiers: Sequence[TierSpec], cost: object = None,
+           **options: object) -> Policy:
+    """A policy by registry name; ``cost`` (a CostModel) goes to policies that take one."""
     try:
         target = _REGISTRY[name]
     except KeyError:
@@ -42,5 +47,7 @@ def create(name: str, tiers: Sequence[TierSpec], **options: object) -> Policy:
         ) from None
     module_name, _, cls_name = target.partition(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
+    if cost is not None and "cost" in inspect.signature(cls).parameters:
+        options["cost"] = cost
     policy: Policy = cls(tiers, **options)
     return policy

@@ -69,8 +69,9 @@ class ChildIndex:
                 break
             if key in chosen or key in protected:
                 continue
-            if key not in self._children:
-                chosen[key] = None
+            kids = self._children.get(key)
+            if kids is None or all(k in chosen for k in kids):
+                chosen[key] = None  # a leaf, or every cached child goes too
                 freed += size
                 continue
             subtree = self._subtree(key, protected, chosen)

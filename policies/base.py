@@ -3,45 +3,58 @@
 A policy sees block keys, sizes and the facts the engine passes in (session,
 workload, hints, tier capacities, time as an argument). It owns no bytes, does
 no I/O, reads no clock and has no globals, so the same object runs inside the
-server and in the replay simulator at millions of events per second.
+server and in the trace replay, which drives the same engine.
 
-The engine calls, per tier (tiers are ordered fastest first):
+What a policy implements (tiers are ordered fastest first; keys are hashable,
+``BlockKey`` in the engine):
 
-* ``admit(info, now)`` -> name of the tier a new block enters, or ``None`` (drop).
-* ``on_insert(info, tier, now)`` once the block is stored there.
-* ``on_access(key, tier, now)`` on every hit.
-* ``on_remove(key, tier)`` when the block left that tier for any reason.
-* ``evict(tier, nbytes, protected, now)`` -> victims freeing at least ``nbytes``,
-  or ``None`` if that is impossible without touching ``protected`` keys
-  (pinned / in flight). Atomic: either enough victims or none.
-* ``demote_to(key, tier, now)`` -> where a victim goes (a slower tier) or ``None``.
-* ``on_hint(hint, keys, now)`` -> moves to run between turns (offload, drop, promote).
-* ``on_lookup(keys, hit_tiers, info, now)`` -> moves to run when a session is back
-  (prefetch into a faster tier).
+Required, the eviction order of each tier:
 
-Keys are any hashable (``BlockKey`` in the server, ints in trace replay).
+* ``on_insert(info, tier, now)``: the block is now stored in ``tier``.
+* ``on_access(key, tier, now)``: a hit on the block in ``tier``.
+* ``on_remove(key, tier)``: the block left ``tier`` (evicted, moved, deleted).
+* ``evict(tier, nbytes, protected, now)``: victims in ``tier`` freeing at least
+  ``nbytes``, or ``None`` if that is impossible without a ``protected`` key
+  (pinned, in flight, or a block of the request being stored). Atomic: enough
+  victims or none. Victims are listed children before parents
+  (:mod:`kvstore.policies._prefix` does that) and must not change the policy's
+  view of what is stored (the engine calls ``on_remove`` for each).
 
-Call order the policies rely on (the replay simulator follows it):
+Optional, with defaults that make an LRU-like cache:
 
-* ``on_lookup`` with every key of a request (hits and misses) before any of its
-  blocks is admitted; reuse counts and learned return times come from it.
-* A request's blocks are touched / stored from the last to the first (vLLM's
-  free order), so a parent is never older than its child.
-* ``evict`` returns victims with every cached descendant before its ancestor
-  (see ``kvstore.policies._prefix``); the engine calls ``on_remove`` for each.
-* The cost model (``kvstore.policies.cost.CostModel``) decides whether a hit in
-  a tier beats recompute; the engine does not load a hit that loses, and the
-  workload policy never demotes into such a tier.
+* ``on_request(req, now) -> Plan``: once per request, when the engine looks it up
+  (a repeated lookup of the same request is not passed again). ``req`` has every
+  key of the request, hits and misses, with the fastest tier of each hit. The
+  :class:`Plan` says which tier each *missing* key may enter when its bytes are
+  stored later (a key absent from ``plan.admit`` is refused), and what to move
+  now (prefetch a returning session's blocks). The engine keeps the plan until
+  the blocks are stored: requests may interleave. A block stored without a
+  lookup first (a plain put) gets a request of its own made of the put's blocks.
+  Default: admit every missing key into the fastest tier.
+* ``demote_to(key, tier, now)``: where a victim of ``tier`` goes (a slower tier),
+  or ``None`` to drop it. Default: the next tier.
+* ``on_hint(hint, keys, now) -> moves``: a turn or session event; ``keys`` are the
+  session's blocks with the fastest tier each is in. Default: nothing.
+
+Call order within one request: ``on_request``, then ``on_access`` for each hit
+and ``on_insert`` for each block stored, from the last block to the first
+(vLLM's free order: a parent is never older than its child). Hints come between
+requests. ``on_insert`` also follows every copy the engine makes (write-back,
+demotion, prefetch), and ``on_remove`` every removal.
+
+The cost model (:class:`kvstore.policies.cost.CostModel`) says whether a hit in
+a tier beats recompute: the engine serves a prefix only up to the first block
+whose fastest tier loses, and a policy should not place blocks there.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Container, Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Container, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import ClassVar
 
-__all__ = ["BlockInfo", "Hint", "Move", "Policy", "TierSpec"]
+__all__ = ["BlockInfo", "Hint", "Move", "Plan", "Policy", "RequestInfo", "TierSpec"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +82,55 @@ class BlockInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """One request as the engine looked it up."""
+
+    keys: Sequence[Hashable]
+    #: Fastest tier holding each key (``None``: not stored). The served prefix is
+    #: the leading run of tiers worth loading from.
+    hit_tiers: Sequence[str | None]
+    session_id: str = ""
+    workload: str = "unknown"
+    #: Bytes a block of this request's namespace occupies in a tier (what capacity
+    #: counts; measured by the engine). 0: not known yet (nothing of the namespace
+    #: stored so far).
+    block_bytes: int = 0
+    #: Tokens of a full block.
+    block_tokens: int = 0
+    #: Tokens in the last block (< block_tokens: a partial block the next turn rewrites).
+    last_tokens: int = 0
+    #: Per tier, in order: does a hit there beat recomputing the block (the engine's
+    #: cost model for this namespace)? Empty: every tier does.
+    worth: Sequence[bool] = ()
+
+    def info(self, j: int) -> BlockInfo:
+        """The BlockInfo of key ``j`` (its parent is key ``j - 1``)."""
+        keys = self.keys
+        last = len(keys) - 1
+        return BlockInfo(keys[j], self.block_bytes, keys[j - 1] if j else None,
+                         self.session_id, self.workload,
+                         self.last_tokens if j == last else self.block_tokens, len(keys))
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Move ``key`` from tier ``src`` to tier ``dst``; ``dst=None`` drops it from ``src``."""
+
+    key: Hashable
+    src: str
+    dst: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A policy's answer to a request: where its missing keys may be stored, and
+    what to move now."""
+
+    admit: Mapping[Hashable, str] = field(default_factory=dict)
+    moves: Sequence[Move] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Hint:
     """A turn or session event. ``event`` is one of :data:`Hint.EVENTS`: ``turn_end``
     (the model answered; the session waits on its user), ``tool_call`` (it waits on
@@ -92,15 +154,6 @@ class Hint:
     expected_gap_s: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Move:
-    """Move ``key`` from tier ``src`` to tier ``dst``; ``dst=None`` drops it from ``src``."""
-
-    key: Hashable
-    src: str
-    dst: str | None
-
-
 class Policy(ABC):
     """Base class: subclasses implement the eviction order; placement has defaults."""
 
@@ -116,8 +169,9 @@ class Policy(ABC):
         self._order = {t.name: i for i, t in enumerate(self.tiers)}
 
     # -- placement (defaults: enter the fastest tier, demote one level) --------
-    def admit(self, info: BlockInfo, now: float) -> str | None:
-        return self.tiers[0].name
+    def on_request(self, req: RequestInfo, now: float) -> Plan:
+        top = self.tiers[0].name
+        return Plan({k: top for k, t in zip(req.keys, req.hit_tiers, strict=True) if t is None})
 
     def demote_to(self, key: Hashable, tier: str, now: float) -> str | None:
         i = self._order[tier] + 1
@@ -125,12 +179,6 @@ class Policy(ABC):
 
     def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:
         """``keys`` are the session's blocks with the fastest tier each is in."""
-        return []
-
-    def on_lookup(
-        self, keys: Sequence[Hashable], hit_tiers: Sequence[str | None], info: BlockInfo,
-        now: float,
-    ) -> list[Move]:
         return []
 
     # -- per-tier bookkeeping and eviction order -------------------------------

@@ -12,7 +12,18 @@ from dataclasses import dataclass
 
 from kvstore.policies.base import TierSpec
 
-__all__ = ["CostModel"]
+__all__ = ["READ_BYTES_PER_S", "CostModel", "read_bytes_per_s"]
+
+#: Read bandwidth into the serving engine per tier, bytes/s: the one table the
+#: server and the replay price loads with. ``hbm`` is the engine's own cache (a
+#: hit there is used in place); ``dram`` a shared-memory read plus the copy to the
+#: GPU; ``disk`` local NVMe; ``redis`` a network fetch.
+READ_BYTES_PER_S: dict[str, float] = {"hbm": 1e13, "dram": 20e9, "disk": 3e9, "redis": 1e9}
+
+
+def read_bytes_per_s(tier: str) -> float:
+    """Bandwidth of a tier by name (1 GB/s for a name the table does not know)."""
+    return READ_BYTES_PER_S.get(tier, 1e9)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Container, Hashable, Sequence
 
-from kvstore.policies.base import BlockInfo, Hint, Move, Policy, TierSpec
+from kvstore.policies.base import BlockInfo, Hint, Move, Plan, Policy, RequestInfo, TierSpec
 from kvstore.policies.lru import LRUPolicy
 from kvstore.policies.s3fifo import S3FIFOPolicy
 
@@ -36,22 +36,16 @@ class AdmissionFilter(Policy):
     def count(self, key: Hashable) -> int:
         return self._seen.get(key, 0)
 
-    def admit(self, info: BlockInfo, now: float) -> str | None:
-        if self._seen.get(info.key, 0) < self.threshold:
-            return None
-        return self.inner.admit(info, now)
-
-    def on_lookup(
-        self, keys: Sequence[Hashable], hit_tiers: Sequence[str | None], info: BlockInfo,
-        now: float,
-    ) -> list[Move]:
+    def on_request(self, req: RequestInfo, now: float) -> Plan:
         seen = self._seen
-        for key in keys:
+        for key in req.keys:
             seen[key] = seen.get(key, 0) + 1
             seen.move_to_end(key)
         while len(seen) > self._max_tracked:
             seen.popitem(last=False)
-        return self.inner.on_lookup(keys, hit_tiers, info, now)
+        plan = self.inner.on_request(req, now)
+        admit = {k: t for k, t in plan.admit.items() if seen.get(k, 0) >= self.threshold}
+        return Plan(admit, plan.moves)
 
     def demote_to(self, key: Hashable, tier: str, now: float) -> str | None:
         return self.inner.demote_to(key, tier, now)

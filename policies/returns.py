@@ -1,57 +1,147 @@
-"""Session return times after a turn event, learned online per class.
+"""When sessions come back, learned online per class of wait.
 
-The workload policy keys this by (workload, event or tool): when a hint says a
-session is waiting on a user or a tool, and the session then comes back, the
-gap goes into a histogram over half-octave bins of seconds. ``median_gap``
-answers "how long does a session usually wait after this event", which decides
-whether its blocks are offloaded between turns when the hint gives no
-``expected_gap_ms`` of its own.
+A session *waits* from the end of a request (or a hint: waiting on a tool, on
+its user) until its next request. Per class of wait (workload, what it waits
+on, how many turns the session had) the model counts the waits started and
+the gaps of those that ended, on a fixed grid of seconds. From these it
+answers the one question the workload policy asks: of the sessions of a class
+that have waited ``e`` seconds so far, what share comes back within the next
+``w`` seconds (:meth:`ReturnTimes.rate`)? Waits that never end (sessions that
+are gone) lower every share: they count as started and never as returned.
+
+A class with few waits of its own borrows from its coarse parent (the first
+two fields: workload and what it waits on): ``smoothing`` pseudo-waits drawn
+from the parent's distribution, so a new class starts from its parent's answer.
+Before anything is learned, ``prior`` pseudo-waits say that half of all waits end
+within an hour, spread evenly over the grid's log scale (so a cold policy still
+tells a fresh wait from an old one). Nothing here sees the future: a gap is
+counted when the session comes back.
 """
 
 from __future__ import annotations
 
-import math
+import bisect
 from collections.abc import Hashable
 
-__all__ = ["ReturnModel"]
+__all__ = ["GRID", "ReturnTimes"]
 
-_BINS = 48  # half-octaves from 1 s: the last bin starts near 2**23.5 s (> 100 days)
-
-
-def gap_bin(seconds: float) -> int:
-    if seconds <= 1.0:
-        return 0
-    return min(_BINS - 1, int(2.0 * math.log2(seconds)))
-
-
-def bin_upper(b: int) -> float:
-    return 2.0 ** ((b + 1) / 2.0)
+#: Bin upper edges, seconds; returns after the last edge count as never.
+GRID: tuple[float, ...] = (1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0,
+                           120.0, 180.0, 240.0, 300.0, 450.0, 600.0, 900.0, 1200.0, 1800.0,
+                           2700.0, 3600.0)
+_N = len(GRID)
+#: The cold-start distribution: half of all waits end within the grid, log-evenly.
+_PRIOR = [0.5 / _N] * _N
 
 
-class ReturnModel:
-    """Per-class histograms of return gaps."""
-
-    __slots__ = ("_classes",)
+class _Counts:
+    __slots__ = ("cdf", "cnt", "dirty", "n")
 
     def __init__(self) -> None:
-        self._classes: dict[Hashable, list[int]] = {}
+        self.n = 0.0  # waits started
+        self.cnt = [0.0] * _N  # waits ended, by gap bin
+        self.cdf: list[float] | None = None  # share back by each edge (cached)
+        self.dirty = 0
+
+
+def _coarse(cls: Hashable) -> Hashable:
+    return cls[:2] if isinstance(cls, tuple) else cls
+
+
+class ReturnTimes:
+    """Per-class counts of waits and their gaps; shares back within a window."""
+
+    __slots__ = ("_classes", "prior", "refresh", "smoothing")
+
+    def __init__(self, smoothing: float = 20.0, prior: float = 1.0, refresh: int = 16) -> None:
+        self._classes: dict[Hashable, _Counts] = {}
+        self.smoothing = smoothing
+        self.prior = prior
+        self.refresh = refresh
+
+    def _get(self, cls: Hashable) -> _Counts:
+        c = self._classes.get(cls)
+        if c is None:
+            c = self._classes[cls] = _Counts()
+        return c
+
+    def _both(self, cls: Hashable) -> tuple[_Counts, ...]:
+        parent = _coarse(cls)
+        return (self._get(cls),) if parent == cls else (self._get(cls), self._get(parent))
+
+    def start(self, cls: Hashable) -> None:
+        """A wait of ``cls`` began."""
+        for c in self._both(cls):
+            c.n += 1
+            c.dirty += 1
+
+    def cancel(self, cls: Hashable) -> None:
+        """A wait of ``cls`` turned out to be another (a hint re-classed it at once)."""
+        for c in self._both(cls):
+            c.n = max(0.0, c.n - 1)
+            c.dirty += 1
 
     def returned(self, cls: Hashable, gap_s: float) -> None:
-        hist = self._classes.get(cls)
-        if hist is None:
-            hist = self._classes[cls] = [0] * _BINS
-        hist[gap_bin(gap_s)] += 1
+        """A wait of ``cls`` ended after ``gap_s`` seconds (beyond the grid: never)."""
+        i = bisect.bisect_left(GRID, gap_s)
+        if i >= _N:
+            return
+        for c in self._both(cls):
+            c.cnt[i] += 1
+            c.dirty += 1
 
-    def median_gap(self, cls: Hashable) -> float | None:
-        """Median observed return gap of ``cls`` in seconds (bin upper edge), None before
-        any return."""
-        hist = self._classes.get(cls)
-        if hist is None:
+    def waits(self, cls: Hashable) -> float:
+        c = self._classes.get(cls)
+        return c.n if c is not None else 0.0
+
+    def _cdf(self, cls: Hashable) -> list[float]:
+        c = self._get(cls)
+        if c.cdf is not None and c.dirty < self.refresh:
+            return c.cdf
+        parent = _coarse(cls)
+        p = self._classes.get(parent) if parent != cls else None
+        a = self.smoothing / (p.n + 1.0) if p is not None and self.smoothing else 0.0
+        prior = self.prior
+        n = c.n + prior + (a * p.n if p is not None else 0.0)
+        acc = 0.0
+        cdf = []
+        for i in range(_N):
+            acc += c.cnt[i] + prior * _PRIOR[i] + (a * p.cnt[i] if p is not None else 0.0)
+            cdf.append(min(1.0, acc / n))
+        c.cdf = cdf
+        c.dirty = 0
+        return cdf
+
+    def back_by(self, cls: Hashable, t: float) -> float:
+        """Share of waits of ``cls`` over within ``t`` seconds (linear within a bin)."""
+        if t <= 0:
+            return 0.0
+        cdf = self._cdf(cls)
+        i = bisect.bisect_left(GRID, t)
+        if i >= _N:
+            return cdf[-1]
+        lo_t = GRID[i - 1] if i else 0.0
+        lo = cdf[i - 1] if i else 0.0
+        return lo + (cdf[i] - lo) * (t - lo_t) / (GRID[i] - lo_t)
+
+    def rate(self, cls: Hashable, elapsed: float, window: float) -> float:
+        """Of the waits of ``cls`` still running after ``elapsed`` s, the share that
+        ends within the next ``window`` s."""
+        f0 = self.back_by(cls, elapsed)
+        alive = 1.0 - f0
+        if alive <= 1e-9:
+            return 0.0
+        return max(0.0, self.back_by(cls, elapsed + window) - f0) / alive
+
+    def median(self, cls: Hashable) -> float | None:
+        """Median gap of the waits of ``cls`` that ended (None before any did)."""
+        c = self._classes.get(cls)
+        if c is None or not any(c.cnt):
             return None
-        half = sum(hist) / 2.0
-        acc = 0
-        for b, count in enumerate(hist):
-            acc += count
+        half = sum(c.cnt) / 2.0
+        acc = 0.0
+        for i, k in enumerate(c.cnt):
+            acc += k
             if acc >= half:
-                return bin_upper(b)
+                return GRID[i]
         return None

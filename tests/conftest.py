@@ -20,6 +20,9 @@ import pytest
 
 from kvstore.config import Config, load_config
 
+#: Real Redis servers and a Redis Cluster (fixtures ``redis_url``, ``redis_cluster``, ...).
+pytest_plugins = ["tests.redis_servers"]
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_TRACES = REPO.parent / "shared" / "traces"
 
@@ -76,6 +79,8 @@ class ServerThread:
         self.run(self.server.engine.mover.drain())
 
     def stop(self) -> None:
+        if self.loop.is_closed():
+            return  # stopped already (a test restarting a server stops it itself)
         try:
             self.run(self.server.stop(0.5))
         finally:

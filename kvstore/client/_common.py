@@ -10,13 +10,14 @@ from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
 import grpc
+import xxhash
 
 from kvstore import errors
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 from kvstore.errors import BadDescriptor, InvalidArgument, KVStoreError, Unavailable
 from kvstore.types import BlockData, Medium
 
-__all__ = ["LookupResult", "SegmentCache", "Stats", "batches", "translate"]
+__all__ = ["LookupResult", "SegmentCache", "Stats", "batches", "tags", "translate"]
 
 _MEDIA = {pb.MEDIUM_GPU: Medium.GPU, pb.MEDIUM_CPU: Medium.CPU, pb.MEDIUM_DISK: Medium.DISK,
           pb.MEDIUM_REMOTE: Medium.REMOTE}
@@ -34,14 +35,17 @@ GRPC_MESSAGE_BYTES = 2**20
 
 @dataclass(frozen=True, slots=True)
 class LookupResult:
-    """``num_hit`` leading blocks are stored; ``media[i]`` is the fastest tier of block i."""
+    """``num_hit`` leading blocks are stored; ``media[i]`` is the fastest tier of block i.
+    ``store_blocks``: how many blocks after those the request should offer to store (the
+    policy admits them, or holds them already); the ones past them would be refused."""
 
     num_hit: int
     media: tuple[Medium, ...]
+    store_blocks: int = 0
 
     @classmethod
     def from_pb(cls, resp: pb.LookupResponse) -> LookupResult:
-        return cls(resp.num_hit, tuple(_MEDIA[m] for m in resp.media))
+        return cls(resp.num_hit, tuple(_MEDIA[m] for m in resp.media), resp.store_blocks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +74,14 @@ class Stats:
     pending_moves: int
     events_published: int
     version: str
+    transfers_failed: int = 0
+    transfers_dropped: int = 0
+    events_dropped: int = 0
+    corrupt_reads: int = 0
+    orphans_dropped: int = 0
+    demotions_failed: int = 0
+    startup_skipped: int = 0
+    quarantined_slots: int = 0
 
     @classmethod
     def from_pb(cls, r: pb.StatsResponse) -> Stats:
@@ -80,7 +92,11 @@ class Stats:
             lookup_hit_blocks=r.lookup_hit_blocks, lookup_miss_blocks=r.lookup_miss_blocks,
             puts=r.puts, gets=r.gets, bytes_in=r.bytes_in, bytes_out=r.bytes_out,
             pending_moves=r.pending_moves, events_published=r.events_published,
-            version=r.version,
+            version=r.version, transfers_failed=r.transfers_failed,
+            transfers_dropped=r.transfers_dropped, events_dropped=r.events_dropped,
+            corrupt_reads=r.corrupt_reads, orphans_dropped=r.orphans_dropped,
+            demotions_failed=r.demotions_failed, startup_skipped=r.startup_skipped,
+            quarantined_slots=r.quarantined_slots,
         )
 
     def tier(self, name: str) -> TierStat:
@@ -109,11 +125,18 @@ def batches(blocks: Sequence[BlockData], max_bytes: int = BATCH_BYTES
         yield blocks[start:]
 
 
-def put_requests(namespace: str, blocks: Sequence[BlockData], session_id: str,
-                 workload: str) -> Iterator[pb.PutRequest]:
+def tags(session_id: str | None, workload: str | None, request_id: str | None
+         ) -> dict[str, str]:
+    """The request fields Put, Reserve and Commit carry alike."""
+    return {"session_id": session_id or "", "workload": workload or "",
+            "request_id": request_id or ""}
+
+
+def put_requests(namespace: str, blocks: Sequence[BlockData], tags: dict[str, str]
+                 ) -> Iterator[pb.PutRequest]:
     for batch in batches(blocks, GRPC_MESSAGE_BYTES):
         yield pb.PutRequest(
-            namespace=namespace, session_id=session_id, workload=workload,
+            namespace=namespace, **tags,
             blocks=[pb.Block(header=header(b, len(b.payload)), payload=bytes(b.payload))
                     for b in batch])
 
@@ -134,12 +157,16 @@ def block_from_pb(h: pb.BlockHeader, payload: bytes) -> BlockData:
 
 
 def read_acquired(resp: pb.AcquireResponse, segments: SegmentCache, sink: BlockSink,
-                  base: int) -> tuple[list[int], list[int]]:
+                  base: int) -> tuple[list[int], list[int], list[bytes]]:
     """Hand each block an Acquire placed in shared memory to ``sink`` (while the lease
-    holds). Returns the payload sizes (0: missing) and the indices of blocks stored but
-    not in shared memory now, to be read over gRPC (:func:`fill_overflow`)."""
+    holds), then check the slot against the checksum in its descriptor: a mismatch
+    makes the block missing (size 0, whatever the sink did with it) and reported.
+    Returns the payload sizes (0: missing), the indices of blocks stored but not in
+    shared memory now, to be read over gRPC (:func:`fill_overflow`), and the hashes
+    of the corrupt ones (to report in Release)."""
     sizes: list[int] = []
     overflow: list[int] = []
+    corrupt: list[bytes] = []
     for i, (d, h) in enumerate(zip(resp.slots, resp.headers, strict=True)):
         if not d.length:
             sizes.append(0)
@@ -148,10 +175,16 @@ def read_acquired(resp: pb.AcquireResponse, segments: SegmentCache, sink: BlockS
             continue
         region = segments.region(d)
         try:
-            sizes.append(sink(base + i, h, region))
+            n = sink(base + i, h, region)
+            # Checked after the copy: what the sink took is good only if the slot
+            # still holds the block's bytes now.
+            if xxhash.xxh3_64_intdigest(region) != d.checksum:
+                n = 0
+                corrupt.append(bytes(h.block_hash))
+            sizes.append(n)
         finally:
             region.release()
-    return sizes, overflow
+    return sizes, overflow, corrupt
 
 
 def fill_overflow(sizes: list[int], overflow: Sequence[int],

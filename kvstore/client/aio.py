@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -24,10 +24,14 @@ from kvstore.client._common import (
     header,
     put_requests,
     read_acquired,
+    tags,
     translate,
 )
 from kvstore.errors import InvalidArgument, KVStoreError, LeaseExpired, TierFull
 from kvstore.types import BlockData
+
+if TYPE_CHECKING:
+    from kvstore.profile.model import Profile
 
 __all__ = ["AsyncKVStoreClient"]
 
@@ -88,20 +92,22 @@ class AsyncKVStoreClient:
         return ok
 
     async def put(self, namespace: str, blocks: Sequence[BlockData],
-                  session_id: str | None = None, workload: str | None = None) -> int:
+                  session_id: str | None = None, workload: str | None = None, *,
+                  request_id: str | None = None) -> int:
+        t = tags(session_id, workload, request_id)
         if await self.uses_shared_memory():
             # Pipelined: the server checksums and commits batch k while we write k+1.
             stored = 0
             pending: asyncio.Future[int] | None = None
             for batch in batches(blocks):
-                commit = await self._put_shm(namespace, batch, session_id or "", workload or "")
+                commit = await self._put_shm(namespace, batch, t)
                 if pending is not None:
                     stored += await pending
                 pending = commit
             return stored + (await pending if pending is not None else 0)
 
         async def requests() -> AsyncIterator[pb.PutRequest]:
-            for r in put_requests(namespace, blocks, session_id or "", workload or ""):
+            for r in put_requests(namespace, blocks, t):
                 yield r
 
         try:
@@ -110,20 +116,20 @@ class AsyncKVStoreClient:
             raise translate(exc, self.address) from exc
         return int(resp.stored)
 
-    async def _put_shm(self, namespace: str, blocks: Sequence[BlockData], session_id: str,
-                       workload: str) -> asyncio.Future[int]:
+    async def _put_shm(self, namespace: str, blocks: Sequence[BlockData], t: dict[str, str]
+                       ) -> asyncio.Future[int]:
         """Reserve and write one batch; returns a future of its commit."""
         try:
             resv = await self._call(self._stub.Reserve, pb.ReserveRequest(
                 namespace=namespace, sizes=[len(b.payload) for b in blocks],
-                block_hashes=[bytes(b.block_hash) for b in blocks]))
+                block_hashes=[bytes(b.block_hash) for b in blocks], **t))
         except TierFull:
             if len(blocks) == 1:
                 raise
             # The batch is larger than what the tier can hold at once: halve it.
             half = len(blocks) // 2
-            n = await (await self._put_shm(namespace, blocks[:half], session_id, workload))
-            n += await (await self._put_shm(namespace, blocks[half:], session_id, workload))
+            n = await (await self._put_shm(namespace, blocks[:half], t))
+            n += await (await self._put_shm(namespace, blocks[half:], t))
             return _done(n)
         slots, headers = [], []
         try:
@@ -142,8 +148,7 @@ class AsyncKVStoreClient:
             raise
         if not slots:
             return _done(0)
-        request = pb.CommitRequest(namespace=namespace, slots=slots, headers=headers,
-                                   session_id=session_id, workload=workload)
+        request = pb.CommitRequest(namespace=namespace, slots=slots, headers=headers, **t)
 
         async def commit() -> int:
             return int((await self._call(self._stub.Commit, request)).stored)
@@ -151,11 +156,12 @@ class AsyncKVStoreClient:
         return asyncio.ensure_future(commit())
 
     async def lookup(self, namespace: str, hashes: Sequence[bytes],
-                     session_id: str | None = None, workload: str | None = None
-                     ) -> LookupResult:
+                     session_id: str | None = None, workload: str | None = None, *,
+                     request_id: str | None = None, num_tokens: int = 0) -> LookupResult:
         resp = await self._call(self._stub.Lookup, pb.LookupRequest(
             namespace=namespace, block_hashes=[bytes(h) for h in hashes],
-            session_id=session_id or "", workload=workload or ""))
+            session_id=session_id or "", workload=workload or "",
+            request_id=request_id or "", num_tokens=num_tokens))
         return LookupResult.from_pb(resp)
 
     async def get(self, namespace: str, hashes: Sequence[bytes]) -> list[BlockData | None]:
@@ -168,7 +174,10 @@ class AsyncKVStoreClient:
                 return len(payload)
 
             for i in range(0, len(hashes), 256):
-                await self._read_shm(namespace, hashes[i:i + 256], keep, i)
+                sizes = await self._read_shm(namespace, hashes[i:i + 256], keep, i)
+                for j, n in enumerate(sizes, i):
+                    if not n:
+                        out[j] = None  # missing, or failed its checksum after the copy
             return out
         return await self._get_grpc(namespace, hashes)
 
@@ -209,9 +218,10 @@ class AsyncKVStoreClient:
         while the lease holds. Returns payload sizes (0 = missing)."""
         resp = await self._call(self._stub.Acquire,
                           pb.AcquireRequest(namespace=namespace, block_hashes=hashes))
-        sizes, overflow = read_acquired(resp, self._segments, sink, base)
+        sizes, overflow, corrupt = read_acquired(resp, self._segments, sink, base)
         try:
-            await self._call(self._stub.Release, pb.ReleaseRequest(lease_id=resp.lease_id))
+            await self._call(self._stub.Release, pb.ReleaseRequest(lease_id=resp.lease_id,
+                                                                corrupt_hashes=corrupt))
         except LeaseExpired:
             if retries <= 0:
                 raise
@@ -229,14 +239,22 @@ class AsyncKVStoreClient:
 
     async def hint(self, session_id: str, event: str, workload: str | None = None,
                    tool: str | None = None, expected_gap_ms: float | None = None,
-                   namespace: str | None = None) -> int:
+                   namespace: str | None = None, *, request_id: str | None = None,
+                   output_tokens: int | None = None) -> int:
         resp = await self._call(self._stub.Hint, pb.HintRequest(
             session_id=session_id, event=event, workload=workload or "", tool=tool or "",
-            expected_gap_ms=expected_gap_ms or 0.0, namespace=namespace or ""))
+            expected_gap_ms=expected_gap_ms or 0.0, namespace=namespace or "",
+            request_id=request_id or "", output_tokens=output_tokens or 0))
         return int(resp.moves)
 
     async def stats(self) -> Stats:
         return Stats.from_pb(await self._call(self._stub.Stats, pb.StatsRequest()))
+
+    async def profile(self) -> Profile:
+        """The server's live workload profile (see :mod:`kvstore.profile.live`)."""
+        from kvstore.profile.wire import from_pb
+
+        return from_pb(await self._call(self._stub.Profile, pb.ProfileRequest()), self.address)
 
     async def close(self) -> None:
         self._segments.close()

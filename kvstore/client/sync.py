@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
@@ -24,10 +24,14 @@ from kvstore.client._common import (
     header,
     put_requests,
     read_acquired,
+    tags,
     translate,
 )
 from kvstore.errors import InvalidArgument, KVStoreError, LeaseExpired, TierFull
 from kvstore.types import BlockData
+
+if TYPE_CHECKING:
+    from kvstore.profile.model import Profile
 
 __all__ = ["KVStoreClient"]
 
@@ -90,52 +94,54 @@ class KVStoreClient:
 
     # -- the API --------------------------------------------------------------------
     def put(self, namespace: str, blocks: Sequence[BlockData], session_id: str | None = None,
-            workload: str | None = None) -> int:
-        """Store blocks; returns how many were new."""
-        sid, wl = session_id or "", workload or ""
+            workload: str | None = None, *, request_id: str | None = None) -> int:
+        """Store blocks; returns how many were new. ``request_id``: the request they
+        belong to (looked up before), whose plan says where they go."""
+        t = tags(session_id, workload, request_id)
         if not self.uses_shared_memory:
-            return int(self._call(self._stub.Put, put_requests(namespace, blocks, sid, wl)).stored)
+            return int(self._call(self._stub.Put, put_requests(namespace, blocks, t)).stored)
         # Pipelined: batch k+1 is reserved before batch k is committed, so we copy
         # k+1 into shared memory while the server checksums and indexes k.
         todo = list(batches(blocks))
         stored = 0
         pending: Callable[[], int] = lambda: 0  # noqa: E731
-        resv = self._reserve(namespace, todo[0]) if todo else None
+        resv = self._reserve(namespace, todo[0], t) if todo else None
         for i, batch in enumerate(todo):
             nxt = todo[i + 1] if i + 1 < len(todo) else None
             if resv is None:  # did not fit while earlier slots were held: settle, then halve
                 stored += pending()
                 pending = lambda: 0  # noqa: E731
-                stored += self._put_small(namespace, batch, sid, wl)
-                resv = self._reserve(namespace, nxt) if nxt else None
+                stored += self._put_small(namespace, batch, t)
+                resv = self._reserve(namespace, nxt, t) if nxt else None
                 continue
             written = self._write(batch, resv)
-            resv = self._reserve(namespace, nxt) if nxt else None
+            resv = self._reserve(namespace, nxt, t) if nxt else None
             stored += pending()
-            pending = self._commit(namespace, *written, sid, wl)
+            pending = self._commit(namespace, *written, t)
         return stored + pending()
 
-    def _reserve(self, namespace: str, blocks: Sequence[BlockData]) -> pb.ReserveResponse | None:
+    def _reserve(self, namespace: str, blocks: Sequence[BlockData], t: dict[str, str]
+                 ) -> pb.ReserveResponse | None:
         """Slots for a batch; ``None`` when the tier cannot hold the whole batch now."""
         try:
             resp: pb.ReserveResponse = self._call(self._stub.Reserve, pb.ReserveRequest(
                 namespace=namespace, sizes=[len(b.payload) for b in blocks],
-                block_hashes=[bytes(b.block_hash) for b in blocks]))
+                block_hashes=[bytes(b.block_hash) for b in blocks], **t))
         except TierFull:
             if len(blocks) == 1:
                 raise
             return None
         return resp
 
-    def _put_small(self, namespace: str, blocks: Sequence[BlockData], sid: str, wl: str) -> int:
+    def _put_small(self, namespace: str, blocks: Sequence[BlockData], t: dict[str, str]) -> int:
         """A batch that did not fit at once: halve it until it does (no pipelining)."""
-        resv = self._reserve(namespace, blocks)
+        resv = self._reserve(namespace, blocks, t)
         if resv is None:
             half = len(blocks) // 2
-            return (self._put_small(namespace, blocks[:half], sid, wl)
-                    + self._put_small(namespace, blocks[half:], sid, wl))
+            return (self._put_small(namespace, blocks[:half], t)
+                    + self._put_small(namespace, blocks[half:], t))
         slots, headers = self._write(blocks, resv)
-        return self._commit(namespace, slots, headers, sid, wl)()
+        return self._commit(namespace, slots, headers, t)()
 
     def _write(self, blocks: Sequence[BlockData], resv: pb.ReserveResponse
                ) -> tuple[list[pb.SlotDescriptor], list[pb.BlockHeader]]:
@@ -157,12 +163,12 @@ class KVStoreClient:
         return slots, headers
 
     def _commit(self, namespace: str, slots: list[pb.SlotDescriptor],
-                headers: list[pb.BlockHeader], sid: str, wl: str) -> Callable[[], int]:
+                headers: list[pb.BlockHeader], t: dict[str, str]) -> Callable[[], int]:
         """Send the commit; returns a call that waits for it."""
         if not slots:
             return lambda: 0
         future = self._stub.Commit.future(pb.CommitRequest(
-            namespace=namespace, slots=slots, headers=headers, session_id=sid, workload=wl),
+            namespace=namespace, slots=slots, headers=headers, **t),
             timeout=self.timeout)
 
         def wait() -> int:
@@ -174,10 +180,14 @@ class KVStoreClient:
         return wait
 
     def lookup(self, namespace: str, hashes: Sequence[bytes], session_id: str | None = None,
-               workload: str | None = None) -> LookupResult:
+               workload: str | None = None, *, request_id: str | None = None,
+               num_tokens: int = 0) -> LookupResult:
+        """The longest stored prefix worth loading. ``request_id`` makes repeated lookups
+        of one request count once and ties its later puts and hint to it."""
         resp = self._call(self._stub.Lookup, pb.LookupRequest(
             namespace=namespace, block_hashes=[bytes(h) for h in hashes],
-            session_id=session_id or "", workload=workload or ""))
+            session_id=session_id or "", workload=workload or "",
+            request_id=request_id or "", num_tokens=num_tokens))
         return LookupResult.from_pb(resp)
 
     def get(self, namespace: str, hashes: Sequence[bytes]) -> list[BlockData | None]:
@@ -191,7 +201,10 @@ class KVStoreClient:
                 return len(payload)
 
             for i in range(0, len(hashes), 256):
-                self._read_shm(namespace, hashes[i:i + 256], keep, i)
+                sizes = self._read_shm(namespace, hashes[i:i + 256], keep, i)
+                for j, n in enumerate(sizes, i):
+                    if not n:
+                        out[j] = None  # missing, or failed its checksum after the copy
             return out
         return self._get_grpc(namespace, hashes)
 
@@ -231,9 +244,10 @@ class KVStoreClient:
         while the lease holds. Returns payload sizes (0 = missing)."""
         resp = self._call(self._stub.Acquire,
                           pb.AcquireRequest(namespace=namespace, block_hashes=hashes))
-        sizes, overflow = read_acquired(resp, self._segments, sink, base)
+        sizes, overflow, corrupt = read_acquired(resp, self._segments, sink, base)
         try:
-            self._call(self._stub.Release, pb.ReleaseRequest(lease_id=resp.lease_id))
+            self._call(self._stub.Release, pb.ReleaseRequest(lease_id=resp.lease_id,
+                                                                corrupt_hashes=corrupt))
         except LeaseExpired:
             if retries <= 0:
                 raise
@@ -252,15 +266,25 @@ class KVStoreClient:
 
     def hint(self, session_id: str, event: str, workload: str | None = None,
              tool: str | None = None, expected_gap_ms: float | None = None,
-             namespace: str | None = None) -> int:
-        """Tell the store a turn / session event; returns placement moves scheduled."""
+             namespace: str | None = None, *, request_id: str | None = None,
+             output_tokens: int | None = None) -> int:
+        """Tell the store a turn / session event; returns placement moves scheduled.
+        The session is ``session_id`` in ``namespace``, or that of ``request_id``.
+        ``output_tokens``: what the finished request generated (for the live profile)."""
         resp = self._call(self._stub.Hint, pb.HintRequest(
             session_id=session_id, event=event, workload=workload or "", tool=tool or "",
-            expected_gap_ms=expected_gap_ms or 0.0, namespace=namespace or ""))
+            expected_gap_ms=expected_gap_ms or 0.0, namespace=namespace or "",
+            request_id=request_id or "", output_tokens=output_tokens or 0))
         return int(resp.moves)
 
     def stats(self) -> Stats:
         return Stats.from_pb(self._call(self._stub.Stats, pb.StatsRequest()))
+
+    def profile(self) -> Profile:
+        """The server's live workload profile (see :mod:`kvstore.profile.live`)."""
+        from kvstore.profile.wire import from_pb
+
+        return from_pb(self._call(self._stub.Profile, pb.ProfileRequest()), self.address)
 
     def close(self) -> None:
         self._segments.close()

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from kvstore.engine.index import Index
 from kvstore.errors import InvalidBlock, PayloadTooLarge
 from kvstore.policies import BlockInfo
-from kvstore.types import BlockKey, BlockMeta, Workload, check_hash
+from kvstore.types import HASH_LENGTHS, BlockKey, BlockMeta, Workload, check_hash
+
+_LENGTHS = frozenset(HASH_LENGTHS)
 
 __all__ = ["NewBlock", "block_info", "check_blocks", "check_payload", "new_meta"]
 
@@ -22,6 +24,9 @@ class NewBlock:
     parent_hash: bytes | None
     token_ids: tuple[int, ...]
     payload: bytes | memoryview
+    #: Tokens in the block when no token ids are given (a trace replay); else
+    #: ``len(token_ids)``.
+    num_tokens: int = 0
 
 
 def check_payload(block_hash: bytes, size: int, max_bytes: int) -> None:
@@ -39,27 +44,31 @@ def check_blocks(index: Index, namespace: str, blocks: Sequence[NewBlock], max_b
                  ) -> None:
     """Hash lengths (and one length per namespace), parent hashes, payload sizes."""
     index.check_hashes(namespace, [b.block_hash for b in blocks])
-    for b in blocks:
-        if b.parent_hash:
-            check_hash(b.parent_hash, "parent_hash")
-        check_payload(b.block_hash, len(b.payload), max_bytes)
+    parents = [b.parent_hash for b in blocks if b.parent_hash]
+    if parents and not (all(isinstance(p, bytes) for p in parents)
+                        and set(map(len, parents)) <= _LENGTHS):
+        for p in parents:
+            check_hash(p, "parent_hash")
+    sizes = [len(b.payload) for b in blocks]
+    if sizes and (min(sizes) == 0 or max(sizes) > max_bytes):
+        for b, size in zip(blocks, sizes, strict=True):
+            check_payload(b.block_hash, size, max_bytes)
 
 
 def block_info(meta: BlockMeta) -> BlockInfo:
-    """What a policy may know of a stored block."""
+    """What a policy may know of a stored block (its session scoped by namespace)."""
+    ns = meta.key.namespace
     return BlockInfo(
-        key=meta.key, size=meta.size, parent=(
-            BlockKey(meta.key.namespace, meta.parent_hash) if meta.parent_hash else None),
-        session_id=meta.session_id, workload=meta.workload.value,
-        num_tokens=len(meta.token_ids),
-    )
+        meta.key, meta.size, BlockKey(ns, meta.parent_hash) if meta.parent_hash else None,
+        f"{ns}|{meta.session_id}" if meta.session_id else "", meta.workload.value,
+        meta.num_tokens)
 
 
 def new_meta(namespace: str, b: NewBlock, checksum: int, session: str,
              workload: Workload) -> BlockMeta:
+    tokens = tuple(b.token_ids)
     return BlockMeta(
-        key=BlockKey(namespace, bytes(b.block_hash)),
-        parent_hash=bytes(b.parent_hash) if b.parent_hash else None,
-        token_ids=tuple(b.token_ids), size=len(b.payload), checksum=checksum,
-        session_id=session, workload=workload, created_at=time.time(),
-    )
+        BlockKey(namespace, bytes(b.block_hash)),
+        bytes(b.parent_hash) if b.parent_hash else None,
+        tokens, len(b.payload), checksum, session, workload, time.time(),
+        len(tokens) or b.num_tokens)

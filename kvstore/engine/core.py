@@ -1,46 +1,66 @@
 """The engine: one owner for every block's lifecycle.
 
-It keeps the index (which block is in which tier), enforces capacity by asking
-the policy for victims, pins blocks that are being read or moved, runs the
-two-phase store of the shared-memory plane (reserve -> client writes ->
-commit) and read leases, queues transfers on the mover, and emits a placement
-event for every change. Tiers only store bytes; policies only decide.
+It keeps the index (which block is in which tier), passes each request to the
+policy once and keeps its admission plan until the blocks arrive, scopes
+sessions by namespace, enforces capacity by asking the policy for victims, pins
+blocks that are being read or moved, runs read leases and the two-phase store
+of the shared-memory plane, queues transfers on the mover, and emits a
+placement event for every change. Tiers only store bytes; policies only decide.
+
+The same engine serves traffic and replays traces (:mod:`kvstore.replay`): the
+replay gives it in-memory tiers sized in blocks, a virtual clock, and runs the
+mover's queue itself between requests.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import logging
 import time
-from collections import Counter
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import xxhash
 
 from kvstore.engine.blocks import NewBlock, block_info, check_blocks, new_meta
-from kvstore.engine.index import Entry, Index, chain_order
-from kvstore.engine.leases import Leases
-from kvstore.engine.mover import Mover, Transfer
-from kvstore.engine.stats import EngineStats
-from kvstore.errors import (
-    BlockNotFound,
-    DataCorruption,
-    TierFull,
-)
+from kvstore.engine.geometry import Geometry
+from kvstore.engine.index import Entry, reachable
+from kvstore.engine.mover import Transfer
+from kvstore.engine.placement import Placement
+from kvstore.engine.requests import UNPLANNED, OpenRequest, Requests
+from kvstore.engine.sessions import Sessions, scoped
+from kvstore.errors import InvalidArgument, TierFull, Unavailable
 from kvstore.events import EventSink, NullSink
-from kvstore.policies import BlockInfo, Hint, Move, Policy
-from kvstore.tiers._common import check_size
+from kvstore.policies import Hint, Policy, RequestInfo, TierSpec
+from kvstore.policies.cost import CostModel, read_bytes_per_s
 from kvstore.tiers.base import SlotTier, Tier
 from kvstore.types import BlockKey, BlockMeta, Medium, Workload
 
-__all__ = ["Engine", "NewBlock"]  # NewBlock re-exported from kvstore.engine.blocks
+__all__ = ["Engine", "Lookup", "NewBlock"]  # NewBlock re-exported from kvstore.engine.blocks
 
 log = logging.getLogger(__name__)
 
-_MAX_EVICTION_ROUNDS = 64
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """What a lookup answers: the served prefix's media, and how many blocks after it
+    the request should offer to store (each admitted by the policy, or held already);
+    blocks past that would be refused, so a client need not copy them."""
+
+    media: list[Medium]
+    store: int
 
 
-class Engine:
+def tier_specs(tiers: Sequence[Tier], bandwidth: Mapping[str, float] | None = None
+               ) -> list[TierSpec]:
+    """The policy's view of ``tiers``: bandwidths from the shared cost table, or from
+    ``bandwidth`` (configured per tier)."""
+    bw = bandwidth or {}
+    return [TierSpec(t.name, t.capacity_bytes, bw.get(t.name) or read_bytes_per_s(t.name))
+            for t in tiers]
+
+
+class Engine(Placement):
     def __init__(
         self,
         tiers: Sequence[Tier],
@@ -48,34 +68,37 @@ class Engine:
         events: EventSink | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        cost: CostModel | None = None,
         lease_seconds: float = 30.0,
         max_block_bytes: int = 64 * 2**20,
         write_back: bool = True,
+        max_hashes: int = 131_072,
+        max_block_tokens: int = 8192,
+        max_lease_seconds: float = 300.0,
+        max_pinned_fraction: float = 0.75,
+        quarantine_seconds: float | None = None,
+        request_ttl_s: float = 600.0,
+        session_ttl_s: float = 7200.0,
+        bandwidth: Mapping[str, float] | None = None,
     ) -> None:
-        if not tiers:
-            raise ValueError("the engine needs at least one tier")
-        self.tiers: dict[str, Tier] = {t.name: t for t in tiers}
-        self.order = [t.name for t in tiers]
-        self._rank = {name: i for i, name in enumerate(self.order)}
-        self.policy = policy
-        self.events: EventSink = events or NullSink()
-        self.clock = clock
+        super().__init__(tiers, policy, events or NullSink(), clock, write_back)
         self.lease_seconds = lease_seconds
         self.max_block_bytes = max_block_bytes
-        self.write_back = write_back
-        self.index = Index(self.order)
-        self.leases = Leases()
-        self.stats = EngineStats()
-        self.mover = Mover(self.run_transfer)
-        #: Keys being copied between tiers (a count: several copies may overlap).
-        self._in_flight: Counter[BlockKey] = Counter()
-        #: Deleted blocks still being read or copied: key -> tiers whose bytes to free.
-        self._deferred_free: dict[BlockKey, set[str]] = {}
-        #: (key, dst tier) -> completion of the copy running now
-        self._copies: dict[tuple[BlockKey, str], asyncio.Future[None]] = {}
-        self._medium = {name: t.medium for name, t in self.tiers.items()}
-        #: Only build per-lookup key lists for policies that prefetch.
-        self._wants_lookups = type(policy).on_lookup is not Policy.on_lookup
+        #: Hashes (or blocks) one call may carry: Lookup, Get, Acquire, Reserve, Delete.
+        self.max_hashes = max_hashes
+        #: Token ids one block may carry (they are kept in memory with its metadata).
+        self.max_block_tokens = max_block_tokens
+        self.max_lease_seconds = max_lease_seconds
+        #: Share of a shared-memory tier read leases may pin; past it blocks are
+        #: served over gRPC, so readers can never starve writers of slots.
+        self.max_pinned_fraction = max_pinned_fraction
+        #: How long a slot whose reservation expired stays unused (a stalled writer
+        #: may still be writing it).
+        self.quarantine_seconds = (2 * lease_seconds if quarantine_seconds is None
+                                   else quarantine_seconds)
+        self.geometry = Geometry(cost or CostModel(), tier_specs(tiers, bandwidth))
+        self.requests = Requests(ttl_s=request_ttl_s)
+        self.sessions = Sessions(ttl_s=session_ttl_s)
 
     # -- lifecycle ------------------------------------------------------------------
     async def start(self) -> int:
@@ -84,22 +107,38 @@ class Engine:
 
         recovered = 0
         now = self.clock()
+        # Routers may still hold what a previous run of this sidecar announced: the
+        # first batch says everything is gone, then what survived is stored again.
+        self.events.all_cleared()
         for name in self.order:
             tier = self.tiers[name]
             inner = tier.unwrap()
             if isinstance(inner, PersistentTier):
-                metas = await inner.recover()
+                metas, orphans = reachable(await inner.recover())
+                for meta in orphans:
+                    await tier.delete(meta.key)
+                if orphans:
+                    self.stats.orphans_dropped += len(orphans)
+                    log.warning("tier %s: dropped %d recovered blocks whose parent is gone "
+                                "(unreachable by any prefix lookup)", name, len(orphans))
                 for meta in metas:
                     self.index.add_location(meta, name)
                     self.policy.on_insert(block_info(meta), name, now)
                 if metas:
-                    self.events.block_stored(chain_order(metas), tier.medium)
+                    self.events.block_stored(metas, tier.medium)
                 recovered += len(metas)
         self.mover.start()
         return recovered
 
+    def startup_skipped(self) -> int:
+        """Entries the persistent tiers could not use at start (damaged, foreign)."""
+        return sum(int(getattr(self.tiers[n].unwrap(), "startup_skipped", 0))
+                   for n in self.order)
+
     async def close(self, drain_seconds: float = 10.0) -> None:
         """Finish queued transfers (write-backs to disk) for a while, then close tiers."""
+        import asyncio
+
         try:
             await asyncio.wait_for(self.mover.drain(), drain_seconds)
         except TimeoutError:
@@ -109,203 +148,319 @@ class Engine:
             await self.tiers[name].close()
 
     async def sweep(self) -> None:
-        """Expire leases and reservations; free deleted blocks nobody holds any more
+        """Expire leases and reservations; free dropped copies nobody holds any more
         (called periodically by the server)."""
         now = self.clock()
-        for key, tier_names in list(self._deferred_free.items()):
-            if self.is_protected(key):
-                continue
-            del self._deferred_free[key]
-            entry = self.index.get(key)
-            for tier_name in tier_names:
-                if entry is None or tier_name not in entry.tiers:
-                    await self.tiers[tier_name].delete(key)
+        await self.free_deferred()
+        if self.shared is not None:
+            self.shared.sweep()
         self.leases.expire_leases(now)
-        for r in self.leases.expired_reservations(now):
+        for r in self.leases.expire_reservations(now, self.quarantine_seconds):
             tier = self.tiers[r.tier].unwrap()
             if isinstance(tier, SlotTier):
                 tier.abort(r.slot)
+        self.sessions.expire(now)
 
-    # -- capacity -----------------------------------------------------------------------
-    def protected(self) -> set[Hashable]:
-        return set(self.leases.pins) | set(self._in_flight) | self.leases.reserved_keys()
+    def set_geometry(self, namespace: str, block_bytes: int, block_tokens: int,
+                     stored_bytes: int | None = None) -> None:
+        """Fix a namespace's block size for the cost model, and the bytes its blocks
+        occupy in the tiers if they differ (the replay stores stand-ins); the server
+        measures both from what is stored."""
+        self.geometry.set(namespace, block_bytes, block_tokens, stored_bytes)
 
-    def free_pending(self, key: BlockKey) -> bool:
-        """True while a deleted copy of ``key`` is still being read: storing it again
-        now would race the deferred free, so writers skip it this time."""
-        return key in self._deferred_free
+    # -- validation -------------------------------------------------------------------
+    def check_hashes(self, namespace: str, hashes: Sequence[bytes], *, unique: bool = False
+                     ) -> list[bytes]:
+        """Validate one call's hashes: lengths, at most ``max_hashes``, and (for reads
+        that return payloads) no hash twice."""
+        if len(hashes) > self.max_hashes:
+            raise InvalidArgument(
+                f"a call may carry at most {self.max_hashes} block hashes, got {len(hashes)} "
+                "(server.max_hashes_per_call); split it")
+        out = hashes if isinstance(hashes, list) else list(hashes)
+        self.index.check_hashes(namespace, out)
+        if unique and len(set(out)) != len(out):
+            raise InvalidArgument("duplicate block hashes in one call: ask for each block once")
+        return out
 
-    def is_protected(self, key: BlockKey) -> bool:
-        return key in self.leases.pins or key in self._in_flight
+    def check_blocks(self, namespace: str, blocks: Sequence[NewBlock]) -> None:
+        """Hashes, parents, payload sizes and token counts of blocks to store."""
+        self.check_hashes(namespace, [b.block_hash for b in blocks])
+        check_blocks(self.index, namespace, blocks, self.max_block_bytes)
+        for b in blocks:
+            if len(b.token_ids) > self.max_block_tokens:
+                raise InvalidArgument(
+                    f"block {bytes(b.block_hash).hex()[:16]} carries {len(b.token_ids)} token "
+                    f"ids; a block may carry at most {self.max_block_tokens} "
+                    "(server.max_block_tokens)")
 
-    async def make_room(self, tier_name: str, size: int) -> None:
-        """Evict (demoting where the policy says) until ``size`` bytes fit in the tier."""
-        tier = self.tiers[tier_name]
-        check_size(tier_name, tier.capacity_bytes, size)  # BlockTooLargeForTier
-        for _ in range(_MAX_EVICTION_ROUNDS):
-            if tier.can_fit(size):
-                return
-            need = max(size - (tier.capacity_bytes - tier.used_bytes), 1)
-            now = self.clock()
-            victims = self.policy.evict(tier_name, need, self.protected(), now)
-            if not victims:
+    # -- requests and sessions --------------------------------------------------------------
+    def _session(self, namespace: str, session_id: str, hashes: Sequence[bytes]) -> str:
+        return scoped(namespace, session_id or self.sessions.infer(namespace, hashes))
+
+    def _request_info(self, namespace: str, keys: list[BlockKey],
+                      hit_tiers: list[str | None], session: str, workload: str,
+                      num_tokens: int, block_bytes: int = 0) -> RequestInfo:
+        geo = self.geometry
+        tokens = geo.of(namespace)[1]
+        last = tokens
+        if num_tokens > 0 and keys:
+            last = max(1, min(tokens, num_tokens - (len(keys) - 1) * tokens))
+        return RequestInfo(keys, hit_tiers, session, workload,
+                           block_bytes or geo.stored_bytes(namespace), tokens, last,
+                           geo.worth(namespace))
+
+    def lookup(self, namespace: str, hashes: Sequence[bytes], session_id: str = "",
+               workload: str = "", *, request_id: str = "", num_tokens: int = 0
+               ) -> list[Medium]:
+        """Media of the longest stored prefix of ``hashes`` worth loading (see
+        :meth:`lookup_request`)."""
+        return self.lookup_request(namespace, hashes, session_id, workload,
+                                   request_id=request_id, num_tokens=num_tokens).media
+
+    def lookup_request(self, namespace: str, hashes: Sequence[bytes], session_id: str = "",
+                       workload: str = "", *, request_id: str = "", num_tokens: int = 0
+                       ) -> Lookup:
+        """The longest stored prefix of ``hashes`` worth loading, with the fastest tier of
+        each block: it stops at the first block missing or held only in a tier that
+        loses to recomputing it (cost model). And how many blocks after it the request
+        should offer to store (the policy admits them, or holds them already).
+
+        The first lookup of a request goes to the policy (its plan says where the
+        missing blocks may be stored; its moves run on the mover) and prefetches the
+        served blocks into the fastest tier; a repeat of the same ``request_id`` only
+        reads the index. ``num_tokens``: the request's prompt length, if known (its
+        last block may be partial)."""
+        hashes = self.check_hashes(namespace, hashes)
+        wl = Workload.parse(workload).value
+        blocks = self.index.blocks_of(namespace)
+        hit: list[Entry] = []
+        for h in hashes:
+            entry = blocks.get(h)
+            if entry is None:
                 break
-            for key in victims:
-                # Victims were chosen before the awaits below: skip any that became
-                # pinned or started moving since.
-                if not self.is_protected(key):
-                    await self._evict(key, tier_name, now)
-        if not tier.can_fit(size):
-            raise TierFull(
-                f"tier {tier_name!r} is full ({tier.used_bytes}/{tier.capacity_bytes} bytes) "
-                f"and nothing evictable frees {size} bytes: the rest is pinned or in flight"
-            )
+            hit.append(entry)
+        worth = self.geometry.worth(namespace)
+        rank = self._rank
+        served = 0
+        for entry in hit:
+            if not worth[rank[entry.tiers[0]]]:
+                break
+            served += 1
+        medium = self._medium
+        media = [medium[e.tiers[0]] for e in hit[:served]]
+        now = self.clock()
+        if self.requests.get(request_id) is not None:  # a repeat: counted once
+            return Lookup(media, self._store_count(namespace, hashes, served, now))
+        session = self._session(namespace, session_id, hashes)
+        keys = [BlockKey(namespace, h) for h in hashes]
+        hit_tiers: list[str | None] = [e.tiers[0] for e in hit]
+        hit_tiers += [None] * (len(keys) - len(hit))
+        req = self._request_info(namespace, keys, hit_tiers, session, wl, num_tokens)
+        plan = self.policy.on_request(req, now)
+        self.requests.plan(keys, plan.admit, [t is None for t in hit_tiers], now)
+        self.requests.open(request_id, OpenRequest(namespace, keys, session, wl, now))
+        self.sessions.used(session, keys, now)
+        touch = self.policy.on_access
+        for i in range(len(hit) - 1, -1, -1):  # tail first: the head ends most recent
+            entry = hit[i]
+            touch(entry.key, entry.tiers[0], now)
+        top = self.order[0]
+        submit = self.mover.submit
+        mine = frozenset(keys)
+        for entry in hit[:served]:  # head first: a parent is announced before its child
+            if entry.tiers[0] != top:
+                # The session is back: bring its prefix up before the engine reads it
+                # (without evicting the rest of it to make the room).
+                submit(Transfer(entry.key, entry.tiers[0], top, keep_src=True,
+                                reason="prefetch", protect=mine))
+        if plan.moves:
+            self._schedule(plan.moves, "plan")
+        st = self.stats
+        st.tier_hits.update(e.tiers[0] for e in hit[:served])
+        st.lookups += 1
+        st.lookup_hit_blocks += served
+        st.lookup_miss_blocks += len(hashes) - served
+        admit = plan.admit
+        store = 0
+        for i in range(served, len(keys)):
+            if hit_tiers[i] is None and keys[i] not in admit:
+                break
+            store += 1
+        return Lookup(media, store)
 
-    async def _evict(self, key: BlockKey, tier_name: str, now: float) -> None:
-        entry = self.index.get(key)
-        if entry is None or tier_name not in entry.tiers:
-            self.policy.on_remove(key, tier_name)
-            return
-        dst = self.policy.demote_to(key, tier_name, now)
-        if dst is not None and dst not in entry.tiers:
+    def _store_count(self, namespace: str, hashes: Sequence[bytes], served: int,
+                     now: float) -> int:
+        """Blocks after the served prefix a repeated lookup should offer to store."""
+        blocks = self.index.blocks_of(namespace)
+        planned = self.requests.planned
+        n = 0
+        for h in hashes[served:]:
+            if h not in blocks and planned(BlockKey(namespace, h), now) is None:
+                break
+            n += 1
+        return n
+
+    def plan_admissions(self, namespace: str, hashes: Sequence[bytes], last_tokens: int,
+                        session_id: str, workload: str, request_id: str, now: float,
+                        block_bytes: int = 0) -> list[str | None]:
+        """The tier each new block may enter (None: refused), from its request's plan;
+        blocks no plan covers (stored without a lookup) get a request of their own."""
+        requests = self.requests
+        out: list[str | None] = []
+        unplanned: list[int] = []
+        for i, h in enumerate(hashes):
+            t = requests.admission(BlockKey(namespace, h), now)
+            if t is UNPLANNED:
+                unplanned.append(i)
+                out.append(None)
+            else:
+                out.append(t)
+        if unplanned:
+            opened = requests.get(request_id)
+            session = (opened.session if opened is not None else
+                       self._session(namespace, session_id, [hashes[i] for i in unplanned]))
+            keys = [BlockKey(namespace, hashes[i]) for i in unplanned]
+            req = self._request_info(namespace, keys, [None] * len(keys), session, workload, 0,
+                                     block_bytes)
+            if last_tokens:
+                req = replace(req, last_tokens=last_tokens)
+            plan = self.policy.on_request(req, now)
+            self.sessions.used(session, keys, now)
+            for i, k in zip(unplanned, keys, strict=True):
+                out[i] = plan.admit.get(k)
+            if plan.moves:
+                self._schedule(plan.moves, "plan")
+        return out
+
+    def request_keys(self, namespace: str, hashes: Sequence[bytes], request_id: str,
+                     parent: bytes | None = None) -> set[Hashable]:
+        """Keys a store must not evict: the blocks of the request being stored (without
+        a known request: the blocks stored and the prefix above ``parent``)."""
+        opened = self.requests.get(request_id)
+        if opened is not None:
+            return set(opened.keys)
+        keys: set[Hashable] = {BlockKey(namespace, h) for h in hashes}
+        blocks = self.index.blocks_of(namespace)
+        while parent is not None and (entry := blocks.get(parent)) is not None:
+            if entry.key in keys:
+                break  # a cycle of parent links
+            keys.add(entry.key)
+            parent = entry.meta.parent_hash
+        return keys
+
+    # -- the operations -----------------------------------------------------------------
+    async def put(self, namespace: str, blocks: Sequence[NewBlock], session_id: str = "",
+                  workload: str = "", *, request_id: str = "") -> tuple[int, int]:
+        """Store blocks (gRPC path) where their request's plan says. Returns (stored,
+        already present). When a tier cannot make room for a block (what is left is
+        pinned, in flight, or the request's own blocks), the blocks before it stay
+        stored and the rest are skipped; if none could be stored, TierFull."""
+        wl = Workload.parse(workload)
+        self.check_blocks(namespace, blocks)
+        now = self.clock()
+        index = self.index
+        held = index.blocks_of(namespace)
+        fresh: list[NewBlock] = []
+        existing: list[Entry] = []
+        for b in blocks:
+            e = held.get(b.block_hash)
+            if e is None:
+                fresh.append(b)
+            else:
+                existing.append(e)
+        last = fresh[-1].num_tokens if fresh else 0
+        tiers = self.plan_admissions(namespace, [b.block_hash for b in fresh], last, session_id,
+                                     wl.value, request_id, now,
+                                     max((len(b.payload) for b in fresh), default=0))
+        protect = self.request_keys(namespace, [b.block_hash for b in blocks], request_id,
+                                    blocks[0].parent_hash if blocks else None)
+        sid = self.meta_session(namespace, session_id, request_id)
+        placed: list[Entry] = []
+        # Consecutive blocks bound for one tier are stored as a run: room is made once
+        # for all of them (one eviction call), then each is written and indexed.
+        run: list[BlockMeta] = []
+        payloads: list[bytes | memoryview] = []
+        run_tier = ""
+        for b, tier in zip(fresh, tiers, strict=True):
+            if tier is None or self.free_pending(BlockKey(namespace, b.block_hash)):
+                continue  # refused; or its dropped copy is still held: store it next time
+            if tier != run_tier and run:
+                if not await self._store_run(run, payloads, run_tier, protect, placed):
+                    run = []
+                    break
+                run, payloads = [], []
+            run_tier = tier
+            run.append(new_meta(namespace, b, xxhash.xxh3_64_intdigest(b.payload), sid, wl))
+            payloads.append(b.payload)
+        if run:
+            await self._store_run(run, payloads, run_tier, protect, placed)
+        self.touch_tail_first(existing + placed)
+        self.stats.puts += 1
+        return len(placed), len(existing)
+
+    async def _store_run(self, metas: list[BlockMeta], payloads: list[bytes | memoryview],
+                         tier: str, protect: set[Hashable], placed: list[Entry]) -> bool:
+        """Store a run of a chain's blocks in ``tier``; False once a block could not be
+        stored, or its parent is held nowhere (the rest of the chain is skipped: it would
+        extend a missing prefix).
+        When a tier cannot make room (what is left is pinned, in flight, or the
+        request's own blocks), the blocks before stay stored; if none could be,
+        TierFull is raised."""
+        index = self.index
+        ns = metas[0].key.namespace
+        # Room for the whole run at once; if not all of it can be made, each block below
+        # makes what it can.
+        with contextlib.suppress(TierFull):
+            await self.make_room(tier, min(sum(m.size for m in metas),
+                                           self.tiers[tier].capacity_bytes), protect)
+        for meta, payload in zip(metas, payloads, strict=True):
+            if index.get(meta.key) is not None:
+                continue  # a concurrent put stored it meanwhile
+            if meta.parent_hash is not None and index.get_hash(ns, meta.parent_hash) is None:
+                return False  # its prefix is held nowhere: no lookup could reach it
             try:
-                await self.copy(entry, tier_name, dst)
-            except Exception as exc:  # a failed demotion degrades to a drop
-                log.warning("demotion of %s to %s failed, dropping: %s", key, dst, exc)
-        if key in self._in_flight:
-            return  # another copy of it started meanwhile; leave it, evict others
-        self.stats.evictions[tier_name] += 1
-        await self._drop(key, tier_name)
+                entry = await self._store(meta, payload, tier, protect)
+            except TierFull:
+                self.stats.puts_cut += 1
+                if not placed:
+                    raise
+                return False
+            except Unavailable as exc:  # e.g. the shared tier is down: not stored, no error
+                log.warning("block %s not stored in %s: %s", meta.key, tier, exc)
+                return False
+            self.geometry.observe(ns, meta.size, meta.num_tokens)
+            self._after_store(entry)
+            placed.append(entry)
+            self.stats.bytes_in += meta.size
+        return True
 
-    # -- placement primitives -------------------------------------------------------------
-    async def _store(self, meta: BlockMeta, payload: bytes | memoryview, tier_name: str) -> Entry:
-        await self.make_room(tier_name, meta.size)
-        tier = self.tiers[tier_name]
-        await tier.put(meta, payload)
-        return self._stored(meta, tier_name)
-
-    def _stored(self, meta: BlockMeta, tier_name: str) -> Entry:
-        entry = self.index.add_location(meta, tier_name)
-        self.policy.on_insert(block_info(meta), tier_name, self.clock())
-        self.events.block_stored([meta], self.tiers[tier_name].medium)
+    async def store_copy(self, meta: BlockMeta, payload: bytes | memoryview, tier: str,
+                         request_id: str = "") -> Entry:
+        """Store a block a client wrote elsewhere (a shared-memory slot) in ``tier``."""
+        protect = self.request_keys(meta.key.namespace, [meta.key.block_hash], request_id)
+        entry = await self._store(meta, payload, tier, protect)
+        self.geometry.observe(meta.key.namespace, meta.size, meta.num_tokens)
+        self._after_store(entry)
         return entry
 
-    async def copy(self, entry: Entry, src: str, dst: str) -> None:
-        """Copy a block into ``dst`` (no-op if it is there); concurrent copies of one
-        block to one tier share a single transfer."""
-        key = entry.key
-        if dst in entry.tiers:
-            return
-        running = self._copies.get((key, dst))
-        if running is not None:
-            await asyncio.shield(running)
-            return
-        done = asyncio.get_running_loop().create_future()
-        self._copies[(key, dst)] = done
-        try:
-            await self._copy_once(entry, src, dst)
-        finally:
-            del self._copies[(key, dst)]
-            done.set_result(None)
-
-    async def _copy_once(self, entry: Entry, src: str, dst: str) -> None:
-        key = entry.key
-        self._in_flight[key] += 1
-        try:
-            payload = await self.tiers[src].get(key)
-            await self.make_room(dst, entry.meta.size)
-            await self.tiers[dst].put(entry.meta, payload)
-            # Tripwire: the source bytes must not have changed under the copy.
-            if xxhash.xxh3_64_intdigest(payload) != entry.meta.checksum:
-                await self.tiers[dst].delete(key)
-                raise DataCorruption(f"{key} changed in {src!r} while being copied to {dst!r}")
-            if self.index.get(key) is not entry:
-                await self.tiers[dst].delete(key)  # deleted while we copied: keep it deleted
-                return
-            self._stored(entry.meta, dst)
-            self.stats.moved_bytes[(src, dst)] += entry.meta.size
-        finally:
-            self._in_flight[key] -= 1
-            if self._in_flight[key] <= 0:
-                del self._in_flight[key]
-
-    async def _drop(self, key: BlockKey, tier_name: str) -> None:
-        await self.tiers[tier_name].delete(key)
-        self.index.remove_location(key, tier_name)
-        self.policy.on_remove(key, tier_name)
-        self.events.block_removed([key], self.tiers[tier_name].medium)
-
-    async def run_transfer(self, t: Transfer) -> None:
-        """Execute one mover transfer, re-checking state (things change while queued)."""
-        entry = self.index.get(t.key)
-        if entry is None or t.src not in entry.tiers:
-            return
-        if t.key in self._in_flight:
-            return  # already being copied (a demotion or promotion does the same work)
-        if not t.keep_src and t.key in self.leases.pins:
-            return  # being read: a move away would pull it from under the reader
-        if t.dst is not None and t.dst not in entry.tiers:
-            await self.copy(entry, t.src, t.dst)
-        if not t.keep_src and self.index.get(t.key) is not None:
-            await self._drop(t.key, t.src)
-
-    def _schedule(self, moves: Sequence[Move], reason: str) -> int:
-        """Queue the policy's moves. A drop (``dst=None``) drops every copy: with
-        write-back a block may sit in several tiers, and the policy sees the fastest.
-        A move up (a prefetch) keeps the slower copy, as write-back would make it."""
-        n = 0
-        rank = self._rank
-        for m in moves:
-            if not isinstance(m.key, BlockKey):
-                continue
-            entry = self.index.get(m.key)
-            srcs = list(entry.tiers) if (m.dst is None and entry is not None) else [m.src]
-            for src in srcs:
-                up = m.dst is not None and rank.get(m.dst, len(rank)) < rank.get(src, -1)
-                n += self.mover.submit(Transfer(m.key, src, m.dst, keep_src=up, reason=reason))
-        return n
+    def meta_session(self, namespace: str, session_id: str, request_id: str) -> str:
+        """The session a new block is recorded under (unscoped, as clients named it)."""
+        if session_id:
+            return session_id
+        opened = self.requests.get(request_id)
+        if opened is not None:
+            return opened.session.partition("|")[2]
+        return ""
 
     def written_in_place(self, meta: BlockMeta, tier_name: str) -> Entry:
         """Record a block whose bytes a client already wrote into ``tier_name`` (a
         shared-memory slot): index it, tell the policy and the event stream, and queue
         its write-back, as :meth:`put` does for the bytes it stores itself."""
         entry = self._stored(meta, tier_name)
+        self.geometry.observe(meta.key.namespace, meta.size, meta.num_tokens)
         self._after_store(entry)
         return entry
-
-    def _after_store(self, entry: Entry) -> None:
-        if self.write_back:
-            i = self._rank[entry.tiers[0]] + 1
-            if i < len(self.order):
-                self.mover.submit(Transfer(entry.key, entry.tiers[0], self.order[i],
-                                           keep_src=True, reason="write-back"))
-
-    # -- the operations -----------------------------------------------------------------
-    async def put(self, namespace: str, blocks: Sequence[NewBlock], session_id: str = "",
-                  workload: str = "") -> tuple[int, int]:
-        """Store blocks (gRPC path). Returns (stored, already present)."""
-        wl = Workload.parse(workload)
-        check_blocks(self.index, namespace, blocks, self.max_block_bytes)
-        stored = existing = 0
-        placed: list[Entry] = []
-        for b in blocks:
-            if self.index.get_hash(namespace, b.block_hash) is not None:
-                existing += 1
-                continue
-            if self.free_pending(BlockKey(namespace, b.block_hash)):
-                continue  # its deleted copy is still being read; store it next time
-            meta = new_meta(namespace, b, xxhash.xxh3_64_intdigest(b.payload), session_id, wl)
-            target = self.policy.admit(block_info(meta), self.clock())
-            if target is None:
-                continue
-            entry = await self._store(meta, b.payload, target)
-            self._after_store(entry)
-            placed.append(entry)
-            stored += 1
-            self.stats.bytes_in += meta.size
-        self.touch_tail_first(placed)
-        self.stats.puts += 1
-        return stored, existing
 
     def touch_tail_first(self, entries: Sequence[Entry]) -> None:
         """Touch a chain's blocks last to first, as vLLM frees them: under pressure
@@ -315,80 +470,32 @@ class Engine:
             if entry.tiers:
                 self.policy.on_access(entry.key, entry.tiers[0], now)
 
-    def lookup(self, namespace: str, hashes: Sequence[bytes], session_id: str = "",
-               workload: str = "") -> list[Medium]:
-        """Media of the longest stored prefix of ``hashes`` (fastest tier each).
-
-        The hot path of every scheduling step: one dict probe and one policy
-        touch per block, nothing else."""
-        hashes = hashes if isinstance(hashes, list) else list(hashes)
-        self.index.check_hashes(namespace, hashes)
-        now = self.clock()
-        blocks = self.index.blocks_of(namespace)
-        touch = self.policy.on_access
-        hit_tiers: list[str | None] = []
-        hit: list[Entry] = []
-        for h in hashes:
-            entry = blocks.get(h)
-            if entry is None:
-                break
-            hit.append(entry)
-            hit_tiers.append(entry.tiers[0])
-        top = self.order[0]
-        for entry in reversed(hit):  # tail first: the head ends most recent (vLLM's order)
-            touch(entry.meta.key, entry.tiers[0], now)
-            if entry.tiers[0] != top:
-                # The session is back: bring its prefix up before the engine reads it.
-                self.mover.submit(Transfer(entry.meta.key, entry.tiers[0], top, keep_src=True,
-                                           reason="prefetch"))
-        st = self.stats
-        st.tier_hits.update(hit_tiers)  # type: ignore[arg-type]
-        st.lookups += 1
-        st.lookup_hit_blocks += len(hit_tiers)
-        st.lookup_miss_blocks += len(hashes) - len(hit_tiers)
-        medium = self._medium
-        media = [medium[t] for t in hit_tiers]  # type: ignore[index]
-        if hashes and self._wants_lookups:
-            keys = [BlockKey(namespace, h) for h in hashes]
-            info = BlockInfo(key=keys[0], size=0, session_id=session_id,
-                             workload=workload or "unknown", request_blocks=len(hashes))
-            hit_tiers += [None] * (len(hashes) - len(hit_tiers))
-            self._schedule(self.policy.on_lookup(keys, hit_tiers, info, now), "prefetch")
-        return media
-
     async def get(self, namespace: str, hashes: Sequence[bytes]
                   ) -> list[tuple[BlockMeta, bytes] | None]:
-        """Payload copies of the blocks (None where missing), read from the fastest tier."""
+        """Verified payload copies of the blocks (None where missing), in order."""
+        out: list[tuple[BlockMeta, bytes] | None] = [None] * len(hashes)
+        async for i, meta, payload in self.iter_get(namespace, hashes):
+            out[i] = (meta, payload)
+        return out
+
+    async def iter_get(self, namespace: str, hashes: Sequence[bytes]
+                       ) -> AsyncIterator[tuple[int, BlockMeta, bytes]]:
+        """(index, meta, verified payload) of each stored block, one at a time (a Get
+        streams without holding the whole answer in memory)."""
+        hashes = self.check_hashes(namespace, hashes, unique=True)
         self.index.require_namespace(namespace)
-        self.index.check_hashes(namespace, list(hashes))
-        out: list[tuple[BlockMeta, bytes] | None] = []
-        now = self.clock()
-        for h in hashes:
+        self.stats.gets += 1
+        for i, h in enumerate(hashes):
             entry = self.index.get_hash(namespace, h)
             if entry is None:
-                out.append(None)
                 continue
             payload = await self._read(entry)
             if payload is None:
-                out.append(None)
                 continue
-            self.policy.on_access(entry.key, entry.tiers[0], now)
+            if entry.tiers:
+                self.policy.on_access(entry.key, entry.tiers[0], self.clock())
             self.stats.bytes_out += len(payload)
-            out.append((entry.meta, payload))
-        self.stats.gets += 1
-        return out
-
-    async def _read(self, entry: Entry) -> bytes | None:
-        for tier_name in list(entry.tiers):
-            try:
-                return bytes(await self.tiers[tier_name].get(entry.key))
-            except DataCorruption as exc:
-                self.stats.corrupt_reads += 1
-                log.error("corrupt copy of %s in %s dropped: %s", entry.key, tier_name, exc)
-                await self._drop(entry.key, tier_name)
-            except BlockNotFound:
-                await self._drop(entry.key, tier_name)
-        return None
+            yield i, entry.meta, payload
 
     async def delete(self, namespace: str, hashes: Sequence[bytes]) -> int:
         """Delete blocks from every tier; no hashes = the whole namespace."""
@@ -396,12 +503,13 @@ class Engine:
             self.index.require_namespace(namespace)
             entries = list(self.index.entries(namespace))
         else:
-            self.index.check_hashes(namespace, list(hashes))
-            entries = [e for h in hashes if (e := self.index.get_hash(namespace, h))]
+            hashes = self.check_hashes(namespace, hashes)
+            entries = [e for h in dict.fromkeys(hashes) if (e := self.index.get_hash(namespace, h))]
         # Forget every copy before the first await, so a copy finishing meanwhile sees
         # its block gone (and discards itself) instead of re-adding it.
         to_free: list[tuple[BlockKey, str]] = []
         for entry in entries:
+            self.requests.forget(entry.key)
             for tier_name in list(entry.tiers):
                 self.index.remove_location(entry.key, tier_name)
                 self.policy.on_remove(entry.key, tier_name)
@@ -413,12 +521,29 @@ class Engine:
                     to_free.append((entry.key, tier_name))
         for key, tier_name in to_free:
             await self.tiers[tier_name].delete(key)
-        if not hashes and entries:
-            self.events.all_cleared()
         return len(entries)
 
-    def hint(self, hint: Hint) -> int:
-        """A turn / session event: let the policy move that session's blocks."""
+    def hint(self, hint: Hint, namespace: str = "", request_id: str = "") -> int:
+        """A turn or session event: let the policy move that session's blocks.
+
+        The session is the one of ``request_id`` (a request looked up before; its
+        hint also ends it), else ``hint.session_id`` in ``namespace``. A session's
+        end drops a block only if no other live session still needs it."""
+        opened = self.requests.close(request_id)
+        if opened is not None:
+            session = opened.session
+        elif hint.session_id and namespace:
+            session = scoped(namespace, hint.session_id)
+        else:
+            raise InvalidArgument(
+                "a hint names its session by namespace and session_id (sessions are scoped "
+                "by namespace), or by the request_id of a request looked up before")
         now = self.clock()
-        keys = [(e.key, e.tiers[0]) for e in self.index.session_entries(hint.session_id)]
-        return self._schedule(self.policy.on_hint(hint, keys, now), f"hint:{hint.event}")
+        index = self.index
+        held = [(k, e.tiers[0]) for k in self.sessions.keys(session)
+                if (e := index.get(k)) is not None]  # type: ignore[arg-type]
+        moves = self.policy.on_hint(replace(hint, session_id=session), held, now)
+        if hint.event == "session_end":
+            free = set(self.sessions.end(session))
+            moves = [m for m in moves if m.dst is not None or m.key in free]
+        return self._schedule(moves, f"hint:{hint.event}")

@@ -17,7 +17,7 @@ import xxhash
 from kvstore.engine.blocks import NewBlock, check_payload, new_meta
 from kvstore.engine.core import Engine
 from kvstore.engine.index import Entry
-from kvstore.engine.leases import Lease, Reservation
+from kvstore.engine.leases import Lease, Reservation, check_lease_seconds
 from kvstore.errors import BadDescriptor, BlockNotFound, DataCorruption, InvalidBlock, TierFull
 from kvstore.tiers.base import Slot, SlotTier, Tier
 from kvstore.types import BlockKey, BlockMeta, Workload, check_hash
@@ -46,30 +46,42 @@ class SlotPlane:
     def segments(self) -> list[tuple[str, int]]:
         return self.slots.segments()
 
-    async def reserve(self, namespace: str, items: Sequence[tuple[bytes, int]]
-                      ) -> list[Slot | None]:
-        """Slots for clients to write; ``None`` for blocks already stored."""
+    async def reserve(self, namespace: str, items: Sequence[tuple[bytes, int]],
+                      owner: str = "", session_id: str = "", workload: str = "",
+                      request_id: str = "") -> list[Slot | None]:
+        """Slots for clients to write; ``None`` for blocks not to write: already
+        stored, or refused by the policy's plan for their request. The reservations
+        belong to ``owner`` (the caller's identity)."""
         eng = self.engine
-        eng.index.check_hashes(namespace, [h for h, _ in items])
+        hashes = eng.check_hashes(namespace, [h for h, _ in items], unique=True)
+        wl = Workload.parse(workload).value
         for h, size in items:
             check_payload(h, size, eng.max_block_bytes)
         now = eng.clock()
+        fresh = [i for i, h in enumerate(hashes) if eng.index.get_hash(namespace, h) is None
+                 and not eng.free_pending(BlockKey(namespace, h))]
+        targets = eng.plan_admissions(namespace, [hashes[i] for i in fresh], 0, session_id, wl,
+                                      request_id, now,
+                                      max((items[i][1] for i in fresh), default=0))
+        target_of = dict(zip(fresh, targets, strict=True))
+        protect = eng.request_keys(namespace, hashes, request_id)
         out: list[Slot | None] = []
         try:
-            for h, size in items:
-                if (eng.index.get_hash(namespace, h) is not None
-                        or eng.free_pending(BlockKey(namespace, h))):
+            for i, (h, size) in enumerate(items):
+                target = target_of.get(i)
+                if target is None:
                     out.append(None)
                     continue
-                await eng.make_room(self.tier.name, size)
+                await eng.make_room(self.tier.name, size, protect)
                 new = self.slots.reserve(size)
                 eng.leases.add_reservation(Reservation(
-                    BlockKey(namespace, h), new, self.tier.name, now + eng.lease_seconds))
+                    BlockKey(namespace, h), new, self.tier.name, now + eng.lease_seconds, owner,
+                    target))
                 out.append(new)
         except BaseException:  # all or nothing: free what this call reserved
             for slot in out:
                 if slot is not None:
-                    eng.leases.take_reservation(slot.slot_id, now)
+                    eng.leases.take_reservation(slot.slot_id, now, owner)
                     self.slots.abort(slot)
             raise
         return out
@@ -78,20 +90,26 @@ class SlotPlane:
         return self.slots.view(slot)
 
     async def commit(self, namespace: str, items: Sequence[tuple[Slot, NewBlock]],
-                     session_id: str = "", workload: str = "") -> int:
+                     session_id: str = "", workload: str = "", owner: str = "",
+                     request_id: str = "") -> int:
         """Commit written slots: ``items`` are (descriptor as reserved, block; its payload
-        is ignored: the bytes are read from the slot)."""
+        is ignored: the bytes are read from the slot). A block the plan put in another
+        tier is copied there from its slot, and the slot freed."""
         eng = self.engine
         wl = Workload.parse(workload)
-        eng.index.check_hashes(namespace, [b.block_hash for _, b in items])
+        eng.check_hashes(namespace, [b.block_hash for _, b in items], unique=True)
         for _, b in items:
             if b.parent_hash:
                 check_hash(b.parent_hash, "parent_hash")
+            if len(b.token_ids) > eng.max_block_tokens:
+                raise InvalidBlock(
+                    f"block {bytes(b.block_hash).hex()[:16]} carries {len(b.token_ids)} token "
+                    f"ids; at most {eng.max_block_tokens} (server.max_block_tokens)")
         now = eng.clock()
         stored = 0
         placed: list[Entry] = []
         for desc, b in items:
-            r = eng.leases.take_reservation(desc.slot_id, now)
+            r = eng.leases.take_reservation(desc.slot_id, now, owner)
             if desc != r.slot:
                 eng.leases.add_reservation(r)
                 self.slots.check_descriptor(desc.segment, desc.offset, desc.length)
@@ -110,10 +128,17 @@ class SlotPlane:
                 self.slots.abort(r.slot)  # a concurrent writer won; keep the first copy
                 continue
             view = self.slots.view(r.slot)
+            sid = eng.meta_session(namespace, session_id, request_id)
             meta = new_meta(namespace, NewBlock(b.block_hash, b.parent_hash, b.token_ids, view),
-                             xxhash.xxh3_64_intdigest(view), session_id, wl)
-            self.slots.commit(r.slot, meta)
-            entry = eng.written_in_place(meta, self.tier.name)
+                             xxhash.xxh3_64_intdigest(view), sid, wl)
+            if r.target != self.tier.name and r.target is not None:
+                try:
+                    entry = await eng.store_copy(meta, view, r.target, request_id)
+                finally:
+                    self.slots.abort(r.slot)
+            else:
+                self.slots.commit(r.slot, meta)
+                entry = eng.written_in_place(meta, self.tier.name)
             placed.append(entry)
             stored += 1
             eng.stats.bytes_in += meta.size
@@ -121,40 +146,47 @@ class SlotPlane:
         eng.stats.puts += 1
         return stored
 
-    def abort(self, slot_ids: Sequence[int]) -> None:
+    def abort(self, slot_ids: Sequence[int], owner: str = "") -> None:
         now = self.engine.clock()
         for sid in slot_ids:
-            self.slots.abort(self.engine.leases.take_reservation(sid, now).slot)
+            self.slots.abort(self.engine.leases.take_reservation(sid, now, owner).slot)
 
-    async def acquire(self, namespace: str, hashes: Sequence[bytes], seconds: float = 0.0
-                      ) -> tuple[Lease, list[tuple[Slot | None, BlockMeta] | None]]:
+    async def acquire(self, namespace: str, hashes: Sequence[bytes], seconds: float = 0.0,
+                      owner: str = "") -> tuple[Lease, list[tuple[Slot | None, BlockMeta] | None]]:
         """Pin blocks in shared memory for reading, promoting them from slower tiers.
 
         Per hash: ``None`` if not stored; ``(None, meta)`` if stored but it could not
-        be brought into shared memory now (the tier is full of pinned blocks): read
-        that one through ``Engine.get``."""
+        be brought into shared memory now (the tier is full of pinned blocks, or leases
+        already pin ``max_pinned_fraction`` of it): read that one through
+        ``Engine.get``. The lease belongs to ``owner``."""
         eng = self.engine
+        seconds = check_lease_seconds(seconds, eng.lease_seconds, eng.max_lease_seconds)
+        hashes = eng.check_hashes(namespace, hashes, unique=True)
         eng.index.require_namespace(namespace)
-        eng.index.check_hashes(namespace, list(hashes))
         now = eng.clock()
         found: list[tuple[Slot | None, BlockMeta] | None] = []
         keys: list[BlockKey] = []
-        name = self.tier.name
+        budget = [int(eng.max_pinned_fraction * self.tier.capacity_bytes)
+                  - eng.leases.pinned_bytes]
         try:
             for h in hashes:
-                await self._acquire_one(namespace, h, name, now, found, keys)
+                await self._acquire_one(namespace, h, now, found, keys, budget)
         finally:
             eng.leases.unpin(tuple(keys))
-        lease = eng.leases.acquire(tuple(keys), now, seconds or eng.lease_seconds)
+        nbytes = sum(f[1].size for f in found if f is not None and f[0] is not None)
+        lease = eng.leases.acquire(tuple(keys), now, seconds, owner, nbytes)
         eng.stats.gets += 1
         return lease, found
 
-    async def _acquire_one(self, namespace: str, h: bytes, name: str, now: float,
+    async def _acquire_one(self, namespace: str, h: bytes, now: float,
                            found: list[tuple[Slot | None, BlockMeta] | None],
-                           keys: list[BlockKey]
-                           ) -> None:
+                           keys: list[BlockKey], budget: list[int]) -> None:
         eng = self.engine
+        name = self.tier.name
         entry = eng.index.get_hash(namespace, h)
+        if entry is not None and entry.meta.size > budget[0]:
+            found.append((None, entry.meta))  # past the pinning budget: read over gRPC
+            return
         if entry is not None and name not in entry.tiers:
             try:
                 await eng.copy(entry, entry.tiers[0], name)  # promote for the read
@@ -170,9 +202,36 @@ class SlotPlane:
         eng.policy.on_access(entry.key, name, now)
         found.append((self.slots.locate(entry.key), entry.meta))
         keys.append(entry.key)
+        budget[0] -= entry.meta.size
         # Protect it from evictions caused by promoting the next ones.
         eng.leases.pins[entry.key] += 1
         eng.stats.bytes_out += entry.meta.size
 
-    def release(self, lease_id: int) -> None:
-        self.engine.leases.release(lease_id, self.engine.clock())
+    async def release(self, lease_id: int, owner: str = "",
+                      corrupt: Sequence[bytes] = ()) -> int:
+        """End a lease. ``corrupt``: hashes of blocks the client read under it whose
+        bytes did not match their checksum; each is checked here and a corrupt copy is
+        dropped. Returns how many were. Raises LeaseExpired if the lease ran out
+        (the client must discard what it read)."""
+        eng = self.engine
+        lease = eng.leases.get(lease_id, owner)
+        dropped = 0
+        if lease is not None and corrupt:
+            wanted = set(corrupt)
+            for key in lease.keys:
+                if key.block_hash in wanted:
+                    dropped += await self.verify(key)
+        eng.leases.release(lease_id, eng.clock(), owner)
+        return dropped
+
+    async def verify(self, key: BlockKey) -> int:
+        """Check ``key``'s bytes in shared memory; drop them if corrupt (1) or not (0)."""
+        eng = self.engine
+        entry = eng.index.get(key)
+        if entry is None or self.tier.name not in entry.tiers:
+            return 0
+        view = self.slots.view(self.slots.locate(key))
+        if xxhash.xxh3_64_intdigest(view) == entry.meta.checksum:
+            return 0
+        await eng.drop_corrupt(key, self.tier.name, "reported by a reader")
+        return 1

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from kvstore.errors import InvalidBlock, NamespaceNotFound
 from kvstore.types import HASH_LENGTHS, BlockKey, BlockMeta, check_hash
 
-__all__ = ["Entry", "Index", "chain_order"]
+__all__ = ["Entry", "Index", "chain_order", "reachable"]
 
 
 @dataclass(slots=True)
@@ -40,8 +40,6 @@ class Index:
         self._ns: dict[str, _Namespace] = {}
         #: blocks per tier, kept as locations change (stats never scan the index)
         self.tier_blocks: dict[str, int] = dict.fromkeys(tier_order, 0)
-        #: session id -> its blocks (hints act on a session without scanning)
-        self._sessions: dict[str, dict[BlockKey, Entry]] = {}
 
     # -- validation -------------------------------------------------------------
     def check_hashes(self, namespace: str, hashes: list[bytes], *, create: bool = False) -> None:
@@ -87,12 +85,6 @@ class Index:
         ns = self._ns.get(namespace)
         return ns.blocks if ns is not None else _EMPTY
 
-    def session_entries(self, session_id: str) -> list[Entry]:
-        return list(self._sessions.get(session_id, {}).values())
-
-    def sessions(self) -> int:
-        return len(self._sessions)
-
     def namespaces(self) -> list[str]:
         return list(self._ns)
 
@@ -113,8 +105,6 @@ class Index:
         entry = ns.blocks.get(meta.key.block_hash)
         if entry is None:
             entry = ns.blocks[meta.key.block_hash] = Entry(meta)
-            if meta.session_id:
-                self._sessions.setdefault(meta.session_id, {})[meta.key] = entry
         if tier not in entry.tiers:
             entry.tiers.append(tier)
             entry.tiers.sort(key=self._rank.__getitem__)
@@ -132,11 +122,6 @@ class Index:
             self.tier_blocks[tier] -= 1
         if not entry.tiers and ns is not None:
             del ns.blocks[key.block_hash]
-            sid = entry.meta.session_id
-            if sid and sid in self._sessions:
-                self._sessions[sid].pop(key, None)
-                if not self._sessions[sid]:
-                    del self._sessions[sid]
             if not ns.blocks:
                 del self._ns[key.namespace]
         return entry
@@ -144,15 +129,47 @@ class Index:
 
 def chain_order(metas: Sequence[BlockMeta]) -> list[BlockMeta]:
     """Order metas so every parent comes before its children (recovery events)."""
-    by_hash = {m.key.block_hash: m for m in metas}
+    by_key = {m.key: m for m in metas}
     out: list[BlockMeta] = []
-    seen: set[bytes] = set()
+    seen: set[BlockKey] = set()
     for m in metas:
         stack = []
         cur: BlockMeta | None = m
-        while cur is not None and cur.key.block_hash not in seen:
+        while cur is not None and cur.key not in seen:
             stack.append(cur)
-            seen.add(cur.key.block_hash)
-            cur = by_hash.get(cur.parent_hash) if cur.parent_hash else None
+            seen.add(cur.key)
+            cur = (by_key.get(BlockKey(cur.key.namespace, cur.parent_hash))
+                   if cur.parent_hash else None)
         out.extend(reversed(stack))
     return out
+
+
+def reachable(metas: Sequence[BlockMeta]) -> tuple[list[BlockMeta], list[BlockMeta]]:
+    """Split recovered blocks into those a prefix lookup can reach (every ancestor
+    present; parents before children) and the orphans (a crash or an eviction
+    left a hole above them, or their parents form a cycle)."""
+    by_key = {m.key: m for m in metas}
+    state: dict[BlockKey, bool] = {}
+    for m in metas:
+        path: list[BlockKey] = []
+        on_path: set[BlockKey] = set()
+        cur: BlockMeta | None = m
+        ok = True
+        while cur is not None:
+            if cur.key in state:
+                ok = state[cur.key]
+                break
+            if cur.key in on_path:
+                ok = False  # a cycle: no chain from a first block leads here
+                break
+            path.append(cur.key)
+            on_path.add(cur.key)
+            if cur.parent_hash is None:
+                break
+            cur = by_key.get(BlockKey(cur.key.namespace, cur.parent_hash))
+            if cur is None:
+                ok = False
+        for k in path:
+            state[k] = ok
+    good = [m for m in metas if state[m.key]]
+    return chain_order(good), [m for m in metas if not state[m.key]]

@@ -22,3 +22,9 @@ class EngineStats:
     #: (src, dst) -> bytes moved by transfers between tiers
     moved_bytes: Counter[tuple[str, str]] = field(default_factory=Counter)
     corrupt_reads: int = 0
+    #: Puts that stored only part of their blocks (a tier could not make room).
+    puts_cut: int = 0
+    #: Victims whose copy to the next tier failed (they were dropped instead).
+    demotions_failed: int = 0
+    #: Recovered blocks dropped at start because an ancestor was missing.
+    orphans_dropped: int = 0

@@ -124,11 +124,20 @@ class EventBus:
         self.next_seq = 0
         self.events_published = 0
         self.blocks_published = 0
+        self.publish_failures = 0
+        self.lagged_batches = 0
 
     @property
     def published(self) -> int:
         """Events published so far (``events_published``; the Stats RPC reads this)."""
         return self.events_published
+
+    @property
+    def dropped(self) -> int:
+        """Batches lost on the way out: publishers' drops (a ZMQ high-water mark),
+        publisher failures, and batches skipped for lagging subscribers."""
+        return (self.publish_failures + self.lagged_batches
+                + sum(int(getattr(p, "dropped", 0)) for p in self._publishers))
 
     @property
     def publishers(self) -> tuple[Publisher, ...]:
@@ -237,10 +246,12 @@ class EventBus:
             try:
                 pub.publish(batch)
             except Exception:
+                self.publish_failures += 1
                 log.exception("event publisher %r failed on seq %d", pub, batch.seq)
         for sub in self._subs:
             if sub.queue.qsize() >= sub.limit:
                 sub.lagged = True
+                self.lagged_batches += 1
             else:
                 sub.queue.put_nowait(batch)
         return batch

@@ -243,6 +243,7 @@ def decode_batch(payload: bytes | memoryview) -> KVEventBatch:
             (_array_decoder if _is_msgpack_array(ev) else _map_decoder).decode(ev)
             for ev in raw.events
         ]
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        # (RecursionError: msgspec's answer to nesting deeper than the interpreter allows)
         raise MalformedBatch(f"undecodable KV event batch ({len(payload)} bytes): {exc}") from exc
     return KVEventBatch(raw.ts, events, raw.data_parallel_rank)

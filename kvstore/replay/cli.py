@@ -1,5 +1,8 @@
 """``kvstore replay``: replay a trace through policies, or generate one.
 
+Offline, each run is the server's engine with in-memory tiers (see
+:mod:`kvstore.replay.driver`); ``--server ADDR`` plays the same requests against
+a running ``kvstore serve`` instead (:mod:`kvstore.replay.live`).
 ``add_parser(subparsers)`` registers the subcommand; the main CLI calls it.
 Capacities may be given as comma lists (``--hbm-blocks 1000,2000``): each value
 is one run (tiers are zipped; a single value is reused).
@@ -8,15 +11,16 @@ is one run (tiers are zipped; a single value is reused).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Sequence
 
 from kvstore import policies
-from kvstore.policies.cost import CostModel
+from kvstore.policies.cost import READ_BYTES_PER_S, CostModel
 from kvstore.replay.belady import belady_hit_rate
+from kvstore.replay.driver import ReplayResult, TierBudget, replay_offline
 from kvstore.replay.generate import KINDS, GenConfig, generate
 from kvstore.replay.results import format_table, plot_hit_rates, write_json
-from kvstore.replay.sim import DEFAULT_BANDWIDTH, ReplayResult, Simulator, TierBudget, tier_specs
 from kvstore.replay.trace import Request, TraceError, dump_trace, load_trace
 
 __all__ = ["add_parser", "block_counts", "main", "run"]
@@ -75,8 +79,7 @@ def _budgets(args: argparse.Namespace) -> list[list[TierBudget]]:
             raise ValueError(f"--{name}-blocks has {len(v)} values; give 1 or {n}")
     runs = []
     for i in range(n):
-        budget = [TierBudget(name, v[i if len(v) > 1 else 0], DEFAULT_BANDWIDTH[name])
-                  for name, v in cols]
+        budget = [TierBudget(name, v[i if len(v) > 1 else 0]) for name, v in cols]
         budget = [b for b in budget if b.blocks > 0]
         if not budget:
             raise ValueError("every tier has 0 blocks; give --hbm-blocks N")
@@ -86,18 +89,17 @@ def _budgets(args: argparse.Namespace) -> list[list[TierBudget]]:
 
 def replay(requests: Sequence[Request], names: Sequence[str], runs: list[list[TierBudget]],
            cost: CostModel, progress: bool) -> list[ReplayResult]:
+    """Each policy over each tier budget, through the engine (one run each)."""
     from tqdm import tqdm
 
     results = []
     for budget in runs:
-        specs = tier_specs(budget, cost)
         for name in names:
-            policy = policies.create(name, specs)
-            sim = Simulator(policy, budget, cost, name)
             label = f"{name} " + "/".join(f"{b.name}={b.blocks}" for b in budget)
             with tqdm(total=len(requests), desc=label, unit="req", disable=not progress,
                       leave=False) as bar:
-                results.append(sim.run(requests, bar.update))
+                results.append(asyncio.run(replay_offline(requests, name, budget, cost,
+                                                          bar.update)))
     return results
 
 
@@ -140,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
             "lookups": sum(len(r.hash_ids) for r in requests),
             "cost_model": {"prefill_tokens_per_s": cost.prefill_tokens_per_s,
                            "block_tokens": cost.block_tokens, "block_bytes": cost.block_bytes,
-                           "read_bytes_per_s": DEFAULT_BANDWIDTH}}
+                           "read_bytes_per_s": READ_BYTES_PER_S}}
     if args.json:
         write_json(results, belady, args.json, meta)
     if args.plot:

@@ -1,10 +1,10 @@
-"""Fleet replay: one trace over N simulated workers behind a router.
+"""Fleet replay: one trace over N workers behind a router.
 
-Each worker is a sidecar of its own: a :class:`~kvstore.replay.sim.Simulator`
-over its own tiers, driven by its own policy wrapped in an
-:class:`~kvstore.replay.eventing.EventingPolicy`, whose placement changes go
-through a real :class:`~kvstore.events.EventBus` (one msgpack ``KVEventBatch``
-per request, vLLM's wire format, int64 hashes). The router decodes every batch
+Each worker is a sidecar of its own: the server's
+:class:`~kvstore.engine.core.Engine` over its own in-memory tiers and policy
+(:mod:`kvstore.replay.driver`), whose placement events go through a real
+:class:`~kvstore.events.EventBus` (one msgpack ``KVEventBatch`` per request,
+vLLM's wire format, int64 hashes). The router decodes every batch
 with :func:`~kvstore.events.decode_batch` and applies it to one shared
 :class:`~kvstore.connectors.router.PrefixIndex` keyed by pod, as a router
 subscribed to the fleet would. Batches are delivered before the next request
@@ -22,6 +22,7 @@ of that queue. Decode is not modelled.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
@@ -32,10 +33,10 @@ from pathlib import Path
 from kvstore import policies
 from kvstore.connectors.router import PrefixIndex
 from kvstore.events import EventBus, EventsConfig, PublishedBatch, decode_batch
-from kvstore.policies.cost import CostModel
-from kvstore.replay.eventing import DEFAULT_MEDIA, EventingPolicy
+from kvstore.policies.base import TierSpec
+from kvstore.policies.cost import READ_BYTES_PER_S, CostModel, read_bytes_per_s
+from kvstore.replay.driver import EngineStore, Replayer, TierBudget, VirtualClock, build_engine
 from kvstore.replay.routing import DEFAULT_MIN_MATCH, ROUTERS, Router, make_router
-from kvstore.replay.sim import Simulator, TierBudget, tier_specs
 from kvstore.replay.trace import Request
 
 __all__ = [
@@ -74,18 +75,17 @@ class IndexFeed:
 
 
 class Worker:
-    """One simulated sidecar: policy + tiers + event bus feeding the router's index."""
+    """One sidecar: the engine over its tiers, with an event bus feeding the router."""
 
     def __init__(self, pod: str, policy_name: str, budgets: Sequence[TierBudget],
                  cost: CostModel, index: PrefixIndex) -> None:
         self.pod = pod
-        self.now = 0.0
+        self.clock = VirtualClock()
         self.feed = IndexFeed(pod, index)
         self.bus = EventBus(EventsConfig(pod=pod, buffer_steps=1), [self.feed],
-                            clock=lambda: self.now)
-        inner = policies.create(policy_name, tier_specs(budgets, cost))
-        self.policy = EventingPolicy(inner, self.bus, DEFAULT_MEDIA)
-        self.sim = Simulator(self.policy, budgets, cost, policy_name)
+                            clock=self.clock)
+        self.engine = build_engine(policy_name, budgets, cost, self.clock, self.bus)
+        self.sim = Replayer(EngineStore(self.engine, self.clock), policy_name, budgets, cost)
         self.busy_until = 0.0
         self.work_s = 0.0
 
@@ -96,13 +96,12 @@ class Worker:
     def outstanding_s(self, now: float) -> float:
         return max(0.0, self.busy_until - now)
 
-    def serve(self, req: Request) -> int:
+    async def serve(self, req: Request) -> int:
         """Replay ``req`` here, publish its events; returns its prefix-hit blocks."""
-        self.now = now = req.timestamp_ms / 1000.0
+        now = req.timestamp_ms / 1000.0
         sim = self.sim
         before = sim.total_s - sim.saved_s
-        served = sim.step(req)
-        self.policy.flush()
+        served = await sim.play(req)
         self.bus.flush()
         work = sim.total_s - sim.saved_s - before
         self.work_s += work
@@ -186,7 +185,8 @@ def replay_fleet(trace: Sequence[Request], workers: int, router: str, policy: st
     """Replay ``trace`` (timestamp order) over ``workers`` sidecars behind ``router``."""
     cost = cost or CostModel()
     fleet, index = build_fleet(workers, policy, budgets, cost)
-    chooser = make_router(router, index, cost, tier_specs(budgets, cost), seed, min_match)
+    specs = [TierSpec(b.name, b.blocks, read_bytes_per_s(b.name)) for b in budgets]
+    chooser = make_router(router, index, cost, specs, seed, min_match)
     return run_fleet_on(trace, fleet, chooser, router, progress)
 
 
@@ -194,10 +194,15 @@ def run_fleet_on(trace: Sequence[Request], fleet: Sequence[Worker], router: Rout
                  router_name: str,
                  progress: Callable[[int], None] | None = None) -> FleetResult:
     """Replay over an existing fleet (tests inspect the workers and index afterwards)."""
+    return asyncio.run(_run_fleet(trace, fleet, router, router_name, progress))
+
+
+async def _run_fleet(trace: Sequence[Request], fleet: Sequence[Worker], router: Router,
+                     router_name: str, progress: Callable[[int], None] | None) -> FleetResult:
     start = time.perf_counter()
     for i, req in enumerate(trace):
         now = req.timestamp_ms / 1000.0
-        fleet[router.pick(req, fleet, now)].serve(req)
+        await fleet[router.pick(req, fleet, now)].serve(req)
         if progress is not None and (i & 255) == 255:
             progress(256)
     if progress is not None:
@@ -271,7 +276,6 @@ def run_fleet(args: argparse.Namespace) -> int:
     optional ``limit``."""
     from tqdm import tqdm
 
-    from kvstore.replay.sim import DEFAULT_BANDWIDTH
     from kvstore.replay.trace import TraceError, load_trace
 
     names = args.policy or ["lru"]
@@ -286,7 +290,7 @@ def run_fleet(args: argparse.Namespace) -> int:
                                  f"{', '.join(policies.available())}")
         caps = {"hbm": _first(args.hbm_blocks), "dram": _first(args.dram_blocks),
                 "disk": _first(args.disk_blocks)}
-        budgets = [TierBudget(t, n, DEFAULT_BANDWIDTH[t]) for t, n in caps.items() if n > 0]
+        budgets = [TierBudget(t, n) for t, n in caps.items() if n > 0]
         if not budgets:
             raise ValueError("every tier has 0 blocks; give --hbm-blocks N")
         cost = CostModel(prefill_tokens_per_s=args.prefill_tps)
@@ -312,7 +316,7 @@ def run_fleet(args: argparse.Namespace) -> int:
                 "cost_model": {"prefill_tokens_per_s": cost.prefill_tokens_per_s,
                                "block_tokens": cost.block_tokens,
                                "block_bytes": cost.block_bytes,
-                               "read_bytes_per_s": DEFAULT_BANDWIDTH}}
+                               "read_bytes_per_s": READ_BYTES_PER_S}}
         doc = {"meta": meta, "results": [r.to_json() for r in results]}
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     return 0

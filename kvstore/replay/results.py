@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from kvstore.replay.sim import ReplayResult
+from kvstore.replay.driver import ReplayResult
 
 __all__ = ["format_table", "plot_hit_rates", "write_json"]
 

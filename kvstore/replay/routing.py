@@ -32,7 +32,7 @@ from typing import Protocol
 from kvstore.connectors.router import PrefixIndex, PrefixScorer
 from kvstore.policies.base import TierSpec
 from kvstore.policies.cost import CostModel
-from kvstore.replay.eventing import DEFAULT_MEDIA
+from kvstore.replay.driver import MEDIA
 from kvstore.replay.trace import Request
 
 __all__ = ["DEFAULT_MIN_MATCH", "ROUTERS", "Candidate", "LoadRouter", "PrefixRouter",
@@ -86,7 +86,7 @@ class PrefixRouter:
         if not 0.0 <= min_match <= 1.0:
             raise ValueError(f"min_match must be in [0, 1], got {min_match}")
         self.block_s = cost.recompute_s(cost.block_tokens)
-        weights = {DEFAULT_MEDIA[s.name].value.lower(): cost.saved_s(s) / self.block_s
+        weights = {MEDIA[s.name].value.lower(): cost.saved_s(s) / self.block_s
                    for s in specs}
         self.scorer = PrefixScorer(index, weights)
         self.min_match = min_match

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,46 +66,80 @@ def _open(path: Path, mode: str) -> IO[str]:
     return path.open(mode, encoding="utf-8")
 
 
+def _count(obj: dict[str, Any], name: str, where: str, default: int | None = None) -> int:
+    """A non-negative integer field: a JSON integer (or an integral number like 12.0)."""
+    value = obj.get(name, default)
+    if value is None:
+        raise TraceError(f"{where}: missing field {name!r}")
+    if isinstance(value, float) and value.is_integer():  # (NaN and inf are not)
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TraceError(f"{where}: {name} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _text(value: Any, name: str, where: str, *, ints: bool = False) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str) or (ints and isinstance(value, int)
+                                  and not isinstance(value, bool)):
+        return str(value)
+    raise TraceError(f"{where}: {name} must be a string, got {value!r}")
+
+
 def _parse(obj: Any, where: str) -> Request:
     if not isinstance(obj, dict):
         raise TraceError(f"{where}: expected a JSON object")
-    try:
-        hash_ids = tuple(int(h) for h in obj["hash_ids"])
-        after_obj = obj.get("after")
-        after = None
-        if after_obj is not None:
-            kind = str(after_obj["kind"])
-            if kind not in AFTER_KINDS:
-                raise TraceError(f"{where}: after.kind {kind!r} not one of {AFTER_KINDS}")
-            tool = after_obj.get("tool")
-            after = After(kind, None if tool is None else str(tool))
-        session = obj.get("session_id")
-        workload = obj.get("workload")
-        return Request(
-            timestamp_ms=int(obj["timestamp"]),
-            input_length=int(obj["input_length"]),
-            output_length=int(obj.get("output_length", 0)),
-            hash_ids=hash_ids,
-            session_id=None if session is None else str(session),
-            workload=None if workload is None else str(workload),
-            after=after,
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        if isinstance(exc, TraceError):
-            raise
-        raise TraceError(f"{where}: bad or missing field ({exc!r})") from exc
+    ids = obj.get("hash_ids")
+    if not isinstance(ids, list):
+        raise TraceError(f"{where}: hash_ids must be a list of integers, got {ids!r}")
+    hash_ids = tuple(_count({"hash_ids": h}, "hash_ids", where) for h in ids)
+    after_obj = obj.get("after")
+    after = None
+    if after_obj is not None:
+        if not isinstance(after_obj, dict):
+            raise TraceError(f"{where}: after must be an object like {{\"kind\": \"user\"}}, "
+                             f"got {after_obj!r}")
+        kind = after_obj.get("kind")
+        if not isinstance(kind, str) or kind not in AFTER_KINDS:
+            raise TraceError(f"{where}: after.kind {kind!r} not one of {AFTER_KINDS}")
+        after = After(kind, _text(after_obj.get("tool"), "after.tool", where))
+    return Request(
+        timestamp_ms=_count(obj, "timestamp", where),
+        input_length=_count(obj, "input_length", where),
+        output_length=_count(obj, "output_length", where, default=0),
+        hash_ids=hash_ids,
+        session_id=_text(obj.get("session_id"), "session_id", where, ints=True),
+        workload=_text(obj.get("workload"), "workload", where),
+        after=after,
+    )
 
 
 def iter_trace(path: str | Path) -> Iterator[Request]:
     p = Path(path)
-    with _open(p, "r") as fh:
-        for lineno, line in enumerate(fh, 1):
+    with (gzip.open(p, "rb") if p.suffix == ".gz" else p.open("rb")) as fh:
+        lineno = 0
+        while True:
+            try:
+                raw = fh.readline()
+            except (OSError, EOFError, zlib.error) as exc:  # a damaged .gz
+                raise TraceError(f"{p}:{lineno + 1}: unreadable ({exc})") from exc
+            if not raw:
+                return
+            lineno += 1
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise TraceError(f"{p}:{lineno}: not UTF-8 ({exc.reason} at byte "
+                                 f"{exc.start})") from exc
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise TraceError(f"{p}:{lineno}: not JSON ({exc.msg})") from exc
+            except (ValueError, RecursionError) as exc:  # too many digits, too deep
+                raise TraceError(f"{p}:{lineno}: not usable JSON ({exc})") from exc
             yield _parse(obj, f"{p}:{lineno}")
 
 

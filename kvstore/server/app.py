@@ -19,9 +19,11 @@ from grpc_reflection.v1alpha import reflection
 from kvstore import policies
 from kvstore._proto.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from kvstore.config import Config, build_section
-from kvstore.engine.core import Engine
+from kvstore.engine.core import Engine, tier_specs
 from kvstore.errors import ConfigError
 from kvstore.metrics import TimedTier, make_registry
+from kvstore.policies.cost import CostModel
+from kvstore.profile.live import LiveProfile
 from kvstore.server.servicer import KVStoreServicer
 from kvstore.tiers.base import Tier
 
@@ -30,11 +32,6 @@ __all__ = ["KVStoreServer", "build_tiers"]
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name
-
-#: Read bandwidth per tier for the cost model (bytes/s), measured on this class
-#: of machine: shared-memory reads ~15 GB/s, local NVMe ~2 GB/s.
-_READ_BW = {"dram": 15e9, "disk": 2e9, "hbm": 1000e9}
-
 
 def build_tiers(cfg: Config) -> list[Tier]:
     tiers: list[Tier] = []
@@ -50,6 +47,10 @@ def build_tiers(cfg: Config) -> list[Tier]:
         tiers.append(DiskTier(cfg.disk_path, cfg.disk.capacity, name="disk",
                               segment_bytes=cfg.disk.segment_size,
                               direct_io=cfg.disk.direct_io))
+    if cfg.redis.enabled:  # shared between hosts: the last stop before a drop
+        from kvstore.tiers.redis import RedisTier
+
+        tiers.append(RedisTier(cfg.redis, name="redis"))
     return tiers
 
 
@@ -97,6 +98,8 @@ class KVStoreServer:
         self.ingest: Any = None
         self.vllm_cache: Any = None
         self.engine: Engine | None = None
+        #: The live workload profile the servicer feeds (``kvstore profile --server``).
+        self.profile = LiveProfile()
         self._grpc: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._sweeper: asyncio.Task[None] | None = None
@@ -138,12 +141,25 @@ class KVStoreServer:
             for t in tiers:
                 await t.close()
             raise
-        policy = policies.create(cfg.engine.policy, [
-            policies.TierSpec(t.name, t.capacity_bytes, _READ_BW.get(t.name, 1e9))
-            for t in tiers])
+        # The cost model: the served model's prefill speed from config, the tiers'
+        # bandwidths from the table the replay uses too, block sizes measured per
+        # namespace from what is stored.
+        cost = CostModel(prefill_tokens_per_s=cfg.engine.prefill_tokens_per_s)
+        bandwidth = {"redis": cfg.redis.read_bytes_per_s}
+        policy = policies.create(cfg.engine.policy, tier_specs(tiers, bandwidth), cost=cost)
+        srv = cfg.server
         self.engine = Engine(
-            tiers, policy, self.events, lease_seconds=cfg.server.lease_seconds,
-            max_block_bytes=cfg.server.max_block_bytes, write_back=cfg.engine.write_back)
+            tiers, policy, self.events, cost=cost, bandwidth=bandwidth,
+            lease_seconds=srv.lease_seconds,
+            max_block_bytes=srv.max_block_bytes, write_back=cfg.engine.write_back,
+            max_hashes=srv.max_hashes_per_call, max_block_tokens=srv.max_block_tokens,
+            max_lease_seconds=srv.max_lease_seconds,
+            max_pinned_fraction=cfg.dram.max_pinned_fraction)
+        if cfg.redis.enabled:
+            from kvstore.engine.shared import SharedPrefix
+
+            self.engine.shared = SharedPrefix(self.engine, "redis",
+                                              write_through=cfg.redis.write_through)
         self.recovered = await self.engine.start()
 
         opts = [
@@ -151,9 +167,11 @@ class KVStoreServer:
             ("grpc.max_send_message_length", cfg.server.max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
-        server = grpc.aio.server(options=opts)
+        server = grpc.aio.server(options=opts, maximum_concurrent_rpcs=srv.max_concurrent_rpcs)
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(
-            KVStoreServicer(self.engine, self.events), server)
+            KVStoreServicer(self.engine, self.events, self.profile,
+                            max_put_streams=srv.max_put_streams),
+            server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, reflection.SERVICE_NAME, health.SERVICE_NAME), server)
@@ -187,7 +205,7 @@ class KVStoreServer:
         try:
             server, _thread = start_http_server(
                 self.cfg.server.metrics_port, addr=host,
-                registry=make_registry(self.engine, self.events))
+                registry=make_registry(self.engine, self.events, self.profile))
         except OSError as exc:
             log.warning("metrics port %d unavailable, /metrics disabled: %s",
                         self.cfg.server.metrics_port, exc)

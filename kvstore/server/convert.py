@@ -21,9 +21,16 @@ MEDIUM_TO_PB = {
 PB_TO_MEDIUM = {v: k for k, v in MEDIUM_TO_PB.items()}
 
 
-def new_block(header: pb.BlockHeader, payload: bytes | memoryview = b"") -> NewBlock:
+def new_block(header: pb.BlockHeader, payload: bytes | memoryview = b"",
+              max_tokens: int | None = None) -> NewBlock:
+    """The domain block of a header; ``max_tokens`` is checked before the token ids
+    are copied (a header may carry millions: a copy of them costs ~36 bytes each)."""
     if not header.block_hash:
         raise InvalidBlock("block header has an empty block_hash")
+    if max_tokens is not None and len(header.token_ids) > max_tokens:
+        raise InvalidBlock(
+            f"block {bytes(header.block_hash).hex()[:16]} carries {len(header.token_ids)} "
+            f"token ids; a block may carry at most {max_tokens} (server.max_block_tokens)")
     return NewBlock(
         block_hash=header.block_hash,
         parent_hash=header.parent_hash or None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -21,8 +22,14 @@ from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 from kvstore.engine.core import Engine
 from kvstore.engine.dataplane import SlotPlane
-from kvstore.errors import FailedPrecondition, InvalidArgument, KVStoreError
+from kvstore.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    KVStoreError,
+    ResourceExhausted,
+)
 from kvstore.policies import Hint
+from kvstore.profile.live import LiveProfile
 from kvstore.server.convert import (
     MEDIUM_TO_PB,
     header_to_pb,
@@ -41,15 +48,44 @@ _GET_CHUNK_BYTES = 2**20
 T = TypeVar("T")
 
 
+#: Longest namespace, session id, workload, tool or event name a request may carry
+#: (each is kept with every block or statistic it names).
+MAX_NAME_CHARS = 1024
+_NAME_FIELDS = ("namespace", "session_id", "workload", "tool", "event")
+#: Longest error message sent (UTF-8 bytes): gRPC refuses trailers past 8-16 KiB and
+#: the client would get RESOURCE_EXHAUSTED "Stream removed" instead of our status.
+_MAX_DETAILS_BYTES = 1024
+
+
+def check_names(msg: Any) -> None:
+    """Refuse a request whose name fields are longer than :data:`MAX_NAME_CHARS`."""
+    fields = msg.DESCRIPTOR.fields_by_name
+    for name in _NAME_FIELDS:
+        if name in fields and len(value := getattr(msg, name)) > MAX_NAME_CHARS:
+            raise InvalidArgument(
+                f"{name} is {len(value)} characters long; at most {MAX_NAME_CHARS}: "
+                f"{value[:40]!r}...")
+
+
+def _details(exc: KVStoreError) -> str:
+    raw = str(exc).encode()
+    if len(raw) <= _MAX_DETAILS_BYTES:
+        return str(exc)
+    cut = raw[:_MAX_DETAILS_BYTES].decode(errors="ignore")
+    return f"{cut}... ({len(raw) - _MAX_DETAILS_BYTES} more bytes)"
+
+
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: KVStoreError) -> None:
     context.set_trailing_metadata((("kvstore-error", type(exc).__name__),))
-    await context.abort(getattr(grpc.StatusCode, exc.status), str(exc))
+    await context.abort(getattr(grpc.StatusCode, exc.status), _details(exc))
 
 
 def _unary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: Any) -> T:
         try:
+            if hasattr(request, "DESCRIPTOR"):  # (not a Put stream: checked per message)
+                check_names(request)
             return await fn(self, request, context)
         except KVStoreError as exc:
             await _abort(context, exc)
@@ -62,6 +98,7 @@ def _stream(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterator[
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: Any) -> AsyncIterator[T]:
         try:
+            check_names(request)
             async for item in fn(self, request, context):
                 yield item
         except KVStoreError as exc:
@@ -70,12 +107,23 @@ def _stream(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterator[
     return wrapper
 
 
+def _owner(context: Any) -> str:
+    """Who a reservation or lease belongs to: the caller's connection."""
+    peer = context.peer() if context is not None else ""
+    return peer if isinstance(peer, str) else ""
+
+
 class KVStoreServicer(pb_grpc.KVStoreServicer):
-    def __init__(self, engine: Engine, events: Any = None) -> None:
+    def __init__(self, engine: Engine, events: Any = None,
+                 profile: LiveProfile | None = None, *, max_put_streams: int = 64) -> None:
         self.engine = engine
         self.plane = SlotPlane.for_engine(engine)
         self.events = events
         self.host_id = host_id()
+        self.max_put_streams = max_put_streams
+        self._put_streams = 0
+        #: The live workload profile, fed one line per Lookup / Put / Commit / Hint.
+        self.profile = profile if profile is not None else LiveProfile()
 
     def _plane(self) -> SlotPlane:
         if self.plane is None:
@@ -87,30 +135,56 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     @_unary
     async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
-        media = self.engine.lookup(request.namespace, list(request.block_hashes),
+        eng = self.engine
+        hashes = list(request.block_hashes)
+        repeat = eng.requests.get(request.request_id) is not None
+        found = eng.lookup_request(request.namespace, hashes, request.session_id,
+                                   request.workload, request_id=request.request_id,
+                                   num_tokens=request.num_tokens)
+        media, store = found.media, found.store
+        if eng.shared is not None and len(media) < len(hashes):
+            more = await eng.shared.extend(request.namespace, hashes, len(media),
+                                           count=not repeat)
+            media += more
+            store = max(0, store - len(more))
+        if not repeat:
+            self.profile.on_lookup(request.namespace, request.block_hashes,
                                    request.session_id, request.workload)
-        return pb.LookupResponse(num_hit=len(media), media=[MEDIUM_TO_PB[m] for m in media])
+        return pb.LookupResponse(num_hit=len(media), media=[MEDIUM_TO_PB[m] for m in media],
+                                 store_blocks=store)
 
     @_unary
     async def Put(self, request_iterator: AsyncIterator[pb.PutRequest], context: Any
                   ) -> pb.PutResponse:
-        stored = existing = 0
-        async for req in request_iterator:
-            blocks = [new_block(b.header, b.payload) for b in req.blocks]
-            s, e = await self.engine.put(req.namespace, blocks, req.session_id, req.workload)
-            stored += s
-            existing += e
-        return pb.PutResponse(stored=stored, existing=existing)
+        if self._put_streams >= self.max_put_streams:
+            raise ResourceExhausted(
+                f"{self.max_put_streams} Put streams are open (server.max_put_streams); "
+                "retry later or use the shared-memory path")
+        self._put_streams += 1
+        try:
+            stored = existing = 0
+            async for req in request_iterator:
+                check_names(req)
+                blocks = [new_block(b.header, b.payload, self.engine.max_block_tokens)
+                          for b in req.blocks]
+                s, e = await self.engine.put(req.namespace, blocks, req.session_id,
+                                             req.workload, request_id=req.request_id)
+                self.profile.on_store((len(b.payload), len(b.header.token_ids))
+                                      for b in req.blocks)
+                stored += s
+                existing += e
+            return pb.PutResponse(stored=stored, existing=existing)
+        finally:
+            self._put_streams -= 1
 
     @_stream
     async def Get(self, request: pb.GetRequest, context: Any) -> AsyncIterator[pb.GetResponse]:
-        found = await self.engine.get(request.namespace, list(request.block_hashes))
+        # One block read at a time: memory stays at about one message however many
+        # blocks are asked for.
         msg = pb.GetResponse()
         size = 0
-        for i, item in enumerate(found):
-            if item is None:
-                continue
-            meta, payload = item
+        async for i, meta, payload in self.engine.iter_get(request.namespace,
+                                                          list(request.block_hashes)):
             msg.blocks.append(pb.Block(header=header_to_pb(meta), payload=payload))
             msg.indices.append(i)
             size += len(payload)
@@ -131,7 +205,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             raise InvalidArgument(
                 f"Reserve: {len(request.sizes)} sizes but {len(request.block_hashes)} hashes")
         slots = await self._plane().reserve(
-            request.namespace, list(zip(request.block_hashes, request.sizes, strict=True)))
+            request.namespace, list(zip(request.block_hashes, request.sizes, strict=True)),
+            owner=_owner(context), session_id=request.session_id, workload=request.workload,
+            request_id=request.request_id)
         return pb.ReserveResponse(
             slots=[slot_to_pb(s, h) if s else pb.SlotDescriptor()
                    for s, h in zip(slots, request.block_hashes, strict=True)],
@@ -142,21 +218,25 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         if len(request.slots) != len(request.headers):
             raise InvalidArgument(
                 f"Commit: {len(request.slots)} slots but {len(request.headers)} headers")
-        items = [(slot_from_pb(d), new_block(h))
+        items = [(slot_from_pb(d), new_block(h, max_tokens=self.engine.max_block_tokens))
                  for d, h in zip(request.slots, request.headers, strict=True)]
         stored = await self._plane().commit(request.namespace, items, request.session_id,
-                                            request.workload)
+                                            request.workload, owner=_owner(context),
+                                            request_id=request.request_id)
+        self.profile.on_store((d.length, len(h.token_ids))
+                              for d, h in zip(request.slots, request.headers, strict=True))
         return pb.CommitResponse(stored=stored)
 
     @_unary
     async def Abort(self, request: pb.AbortRequest, context: Any) -> pb.AbortResponse:
-        self._plane().abort(list(request.slot_ids))
+        self._plane().abort(list(request.slot_ids), owner=_owner(context))
         return pb.AbortResponse()
 
     @_unary
     async def Acquire(self, request: pb.AcquireRequest, context: Any) -> pb.AcquireResponse:
         lease, found = await self._plane().acquire(
-            request.namespace, list(request.block_hashes), request.lease_seconds)
+            request.namespace, list(request.block_hashes), request.lease_seconds,
+            owner=_owner(context))
         resp = pb.AcquireResponse(lease_id=lease.lease_id,
                                   lease_seconds=lease.deadline - self.engine.clock())
         for item in found:
@@ -172,8 +252,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     @_unary
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
-        self._plane().release(request.lease_id)
-        return pb.ReleaseResponse()
+        corrupt = await self._plane().release(request.lease_id, _owner(context),
+                                              list(request.corrupt_hashes))
+        return pb.ReleaseResponse(corrupt=corrupt)
 
     @_unary
     async def Delete(self, request: pb.DeleteRequest, context: Any) -> pb.DeleteResponse:
@@ -182,17 +263,26 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     @_unary
     async def Hint(self, request: pb.HintRequest, context: Any) -> pb.HintResponse:
-        if not request.session_id:
-            raise InvalidArgument("Hint: session_id is required")
+        if not request.request_id and not (request.session_id and request.namespace):
+            raise InvalidArgument(
+                "Hint: give namespace and session_id (sessions are scoped by namespace), "
+                "or the request_id of a request looked up before")
         if request.event not in Hint.EVENTS:
             raise InvalidArgument(
                 f"Hint: unknown event {request.event!r}; valid: {', '.join(Hint.EVENTS)}")
+        gap = request.expected_gap_ms
+        if not math.isfinite(gap) or gap < 0:
+            raise InvalidArgument(
+                f"Hint: expected_gap_ms must be a finite number >= 0 (0 = unknown), got {gap!r}")
         hint = Hint(
             session_id=request.session_id, event=request.event,
             workload=Workload.parse(request.workload).value, tool=request.tool or None,
             expected_gap_s=(request.expected_gap_ms / 1000.0) if request.expected_gap_ms else None,
         )
-        return pb.HintResponse(moves=self.engine.hint(hint))
+        self.profile.on_hint(request.session_id, request.event, request.tool,
+                             request.output_tokens)
+        return pb.HintResponse(moves=self.engine.hint(hint, request.namespace,
+                                                      request.request_id))
 
     @_unary
     async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
@@ -212,9 +302,20 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             lookups=st.lookups, lookup_hit_blocks=st.lookup_hit_blocks,
             lookup_miss_blocks=st.lookup_miss_blocks, puts=st.puts, gets=st.gets,
             bytes_in=st.bytes_in, bytes_out=st.bytes_out, pending_moves=eng.mover.pending,
-            version=__version__, sessions=eng.index.sessions(),
+            version=__version__, sessions=len(eng.sessions),
             events_published=getattr(self.events, "published", 0) if self.events else 0,
+            transfers_failed=eng.mover.failed, transfers_dropped=eng.mover.dropped,
+            events_dropped=getattr(self.events, "dropped", 0) if self.events else 0,
+            corrupt_reads=st.corrupt_reads, orphans_dropped=st.orphans_dropped,
+            demotions_failed=st.demotions_failed, startup_skipped=eng.startup_skipped(),
+            quarantined_slots=eng.leases.quarantined,
         )
+
+    @_unary
+    async def Profile(self, request: pb.ProfileRequest, context: Any) -> pb.ProfileResponse:
+        from kvstore.profile.wire import to_pb
+
+        return to_pb(self.profile.snapshot())
 
     async def SubscribeEvents(self, request: pb.SubscribeRequest, context: Any
                               ) -> AsyncIterator[pb.EventBatch]:

@@ -10,18 +10,22 @@ Optional capabilities are separate protocols, not ``support_x()`` flags:
   (the DRAM tier): reserve a slot, let the client write it, commit it.
 * :class:`PersistentTier` - blocks survive a restart (the disk tier): recover
   the metadata of what is stored.
+* :class:`SharedTier` - other hosts write it too (Redis): find blocks this
+  process's index has never seen, and take them into its accounting.
+* :class:`CountingTier` - outcome counters (misses, failures) for metrics.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from kvstore.types import BlockKey, BlockMeta, Medium
 
-__all__ = ["PersistentTier", "Slot", "SlotTier", "Tier"]
+__all__ = ["CountingTier", "PersistentTier", "RemoteBlock", "SharedTier", "Slot", "SlotTier",
+           "Tier"]
 
 
 class Tier(ABC):
@@ -130,3 +134,38 @@ class PersistentTier(Protocol):
     async def recover(self) -> list[BlockMeta]:
         """Metadata of every intact stored block; half-written leftovers are removed."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteBlock:
+    """A block found in a shared tier: its metadata (from the stored header) and the
+    seconds it has left there (``None``: no expiry)."""
+
+    meta: BlockMeta
+    ttl_s: float | None
+
+
+@runtime_checkable
+class SharedTier(Protocol):
+    """A tier that other hosts write too: it may hold blocks this index never saw."""
+
+    async def probe(self, namespace: str, hashes: Sequence[bytes]) -> list[RemoteBlock]:
+        """The leading run of ``hashes`` stored in the tier, with their metadata, in
+        one round trip. Never raises for an outage: an unreachable store holds nothing."""
+        ...
+
+    def adopt(self, block: RemoteBlock) -> None:
+        """Count a probed block as held by this process (in ``used_bytes``) until it is
+        deleted, found missing, or its TTL passes."""
+        ...
+
+    def expired(self) -> list[BlockKey]:
+        """Blocks whose TTL has passed since the last call (forgotten by the tier)."""
+        ...
+
+
+@runtime_checkable
+class CountingTier(Protocol):
+    """A tier that counts outcomes the engine does not see (failures it absorbed)."""
+
+    def counters(self) -> Mapping[str, int]: ...

@@ -141,6 +141,13 @@ class DiskTier(Tier):
     def blocks(self) -> int:
         return len(self._map)
 
+    @property
+    def startup_skipped(self) -> int:
+        """What the start could not use (the engine's Stats ``startup_skipped``): directory
+        entries skipped, and segments, records and kill entries dropped for failed checks."""
+        r = self.report
+        return len(r.skipped) + r.damaged + r.torn if r is not None else 0
+
     def can_fit(self, size: int) -> bool:
         return self._reads is not None and 0 < size <= self._capacity - self.used_bytes
 
@@ -236,7 +243,7 @@ class DiskTier(Tier):
             raise BlockNotFound(f"block {key}: record unreadable ({exc})") from exc
         return BlockMeta(key, meta.parent, meta.tokens, size_of(loc),
                          xxhash.xxh3_64_intdigest(payload), meta.session,
-                         Workload.parse(meta.workload), meta.created)
+                         Workload.parse(meta.workload), meta.created, meta.num_tokens)
 
     async def contains(self, key: BlockKey) -> bool:
         await self._ready()

@@ -17,7 +17,8 @@ Segment file (little-endian)::
                             record length u64, payload length u64, meta length u32,
                             reserved u32, payload xxh3-64 u64,
                             xxh3-64 of these 56 bytes and the meta
-      meta      msgpack [namespace, hash, parent, token ids, session, workload, created]
+      meta      msgpack [namespace, hash, parent, token ids, session, workload, created,
+                token count]
       payload
       padding   zeros up to the next 4096-byte boundary
 
@@ -30,7 +31,7 @@ Footer (``.idx``): a 48-byte prefix (magic "KVIX", version u16, flags u16,
 segment id u64, nonce u64, entry count u64, body length u64, body xxh3-64 u64)
 and a msgpack body ``[namespaces, entries]``, each entry
 ``[offset, record length, payload length, payload xxh3-64, namespace index, hash,
-parent, token ids, session, workload, created]``.
+parent, token ids, session, workload, created, token count]``.
 
 Kill list (``.kill``): 16-byte entries (record offset u64, xxh3-64 of the offset
 seeded with the nonce); it ends at the first all-zero entry.
@@ -94,6 +95,7 @@ class RecordMeta(msgspec.Struct, array_like=True, frozen=True):
     session: str
     workload: str
     created: float
+    num_tokens: int = 0
 
 
 class FooterEntry(msgspec.Struct, array_like=True):
@@ -110,6 +112,7 @@ class FooterEntry(msgspec.Struct, array_like=True):
     session: str
     workload: str
     created: float
+    num_tokens: int = 0
 
 
 class Footer(msgspec.Struct, array_like=True):
@@ -160,7 +163,7 @@ def decode_segment_header(buf: bytes | memoryview) -> tuple[int, int, int]:
 def record_meta_of(meta: BlockMeta) -> bytes:
     return _META_ENC.encode(RecordMeta(
         meta.key.namespace, meta.key.block_hash, meta.parent_hash, tuple(meta.token_ids),
-        meta.session_id, str(meta.workload), meta.created_at))
+        meta.session_id, str(meta.workload), meta.created_at, meta.num_tokens))
 
 
 def encode_record_header(nonce: int, offset: int, record_len: int, payload_len: int,
@@ -230,7 +233,7 @@ def decode_footer(buf: bytes | memoryview, seg_id: int, nonce: int) -> Footer:
 def entry_meta(e: FooterEntry, namespace: str) -> BlockMeta:
     return BlockMeta(BlockKey(namespace, e.hash), e.parent, _TOKENS_DEC.decode(e.tokens),
                      e.payload_len, e.checksum, e.session,
-                     _WORKLOADS.get(e.workload, Workload.UNKNOWN), e.created)
+                     _WORKLOADS.get(e.workload, Workload.UNKNOWN), e.created, e.num_tokens)
 
 
 # ---- kill lists -------------------------------------------------------------------

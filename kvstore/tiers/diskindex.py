@@ -148,12 +148,12 @@ def load_footers(report: RecoveryReport, keys: KeyTable, index: dict[int, int]) 
             out.metas.extend(
                 BlockMeta(BlockKey(names[e.ns], e.hash), e.parent, tokens(e.tokens),
                           e.payload_len, e.checksum, e.session, wl(e.workload, unknown),
-                          e.created)
+                          e.created, e.num_tokens)
                 for e in entries)
         else:
             out.metas.extend(
                 BlockMeta(BlockKey(names[e.ns], e.hash), e.parent, tokens(e.tokens),
                           e.payload_len, e.checksum, e.session, wl(e.workload, unknown),
-                          e.created)
+                          e.created, e.num_tokens)
                 for e, k, loc in zip(entries, ks, locs, strict=True) if index[k] == loc)
     return out

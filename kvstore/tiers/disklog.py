@@ -226,7 +226,8 @@ class GroupWriter:
         ns = seg.namespaces.setdefault(m.key.namespace, len(seg.namespaces))
         seg.entries.append(FooterEntry(
             offset, w.record_len, m.size, checksum, ns, m.key.block_hash, m.parent_hash,
-            encode_tokens(m.token_ids), m.session_id, str(m.workload), m.created_at))
+            encode_tokens(m.token_ids), m.session_id, str(m.workload), m.created_at,
+            m.num_tokens))
 
     async def _reserve(self, size: int) -> Segment:
         async with self._rotate:

@@ -277,7 +277,7 @@ def _scan(file: SegmentFile, report: RecoveryReport) -> Footer:
                     entries.append(FooterEntry(
                         pos, rec_len, payload.nbytes, _checksum(page), ns, meta.hash,
                         meta.parent, encode_tokens(meta.tokens), meta.session, meta.workload,
-                        meta.created))
+                        meta.created, meta.num_tokens))
                 pos += rec_len
                 continue
             damaged += 1  # the magic, but not a header of this segment at this offset

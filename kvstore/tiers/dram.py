@@ -20,7 +20,7 @@ thread: a 1 MiB put is one memcpy (tens of microseconds).
 
 from __future__ import annotations
 
-import itertools
+import secrets
 from dataclasses import dataclass
 
 from kvstore.errors import (
@@ -42,8 +42,10 @@ __all__ = ["DramTier", "default_pool_bytes"]
 _OVERHEAD = 1 / 64
 _MIN_SLACK = 64 << 10
 
-# Slot ids are unique for the whole process, across tiers and restarts of a tier.
-_slot_ids = itertools.count(1)
+
+def _new_slot_id() -> int:
+    """A random 63-bit slot id: a client cannot guess another client's slot."""
+    return secrets.randbits(63) or 1
 
 
 def default_pool_bytes(capacity_bytes: int) -> int:
@@ -133,7 +135,7 @@ class DramTier(Tier):
         buf[alloc.offset : alloc.offset + size] = view
         if old is not None:
             self._drop(meta.key)
-        slot = Slot(next(_slot_ids), self._segment, alloc.offset, size)
+        slot = Slot(self._fresh_id(), self._segment, alloc.offset, size)
         entry = self._stored[meta.key] = _Entry(slot, alloc, meta)
         self._slots[slot.slot_id] = entry
         self._used += size
@@ -172,7 +174,7 @@ class DramTier(Tier):
             raise tier_full(
                 self.name, size, self._used, self._capacity, "no free range large enough"
             )
-        slot = Slot(next(_slot_ids), self._segment, alloc.offset, size)
+        slot = Slot(self._fresh_id(), self._segment, alloc.offset, size)
         self._reserved[slot.slot_id] = self._slots[slot.slot_id] = _Entry(slot, alloc)
         self._used += size
         return slot
@@ -225,6 +227,12 @@ class DramTier(Tier):
         if self._buf is None:
             raise TierUnavailable(f"tier {self.name!r} is closed")
         return self._buf
+
+    def _fresh_id(self) -> int:
+        sid = _new_slot_id()
+        while sid in self._slots:
+            sid = _new_slot_id()
+        return sid
 
     def _drop(self, key: BlockKey) -> bool:
         entry = self._stored.pop(key, None)

@@ -45,7 +45,7 @@ def segment_name(prefix: str, index: int) -> str:
 
 #: Segments this process created (an in-process client must not unregister them).
 _OWNED: set[str] = set()
-_ATTACH = threading.Lock()
+_ATTACH_LOCK = threading.Lock()
 
 
 def create_segment(name: str, size: int, *, prefault: bool = True) -> SharedMemory:
@@ -82,8 +82,10 @@ def attach_segment(name: str) -> SharedMemory:
     """
     if sys.version_info >= (3, 13):  # pragma: no cover - 3.13 has track=False
         return SharedMemory(name=name, create=False, track=False)  # type: ignore[call-arg]
-    with _ATTACH:  # register + unregister as a pair: interleaved pairs of two threads
-        shm = SharedMemory(name=name, create=False)  # make the tracker unregister twice
+    # One attach at a time per process: the tracker keeps a set of names, so two
+    # threads' register, register, unregister, unregister makes it print a KeyError.
+    with _ATTACH_LOCK:
+        shm = SharedMemory(name=name, create=False)
         if name not in _OWNED:
             # SharedMemory registered its private "/name" form; unregister the same string.
             # (Not when this process owns it: the owner's registration must stay.)

@@ -63,22 +63,37 @@ async def test_eviction_demotes_and_emits_removed_for_the_fast_medium():
     slow = MemoryTier(64 * KiB, name="slow", medium=Medium.DISK)
     eng, sink = engine_over(fast, slow, write_back=False)
     await eng.start()
-    blocks = new_blocks(5)
-    await eng.put("ns", blocks)
+    first, second = new_blocks(3), new_blocks(2, seed=1)
+    await eng.put("ns", first)
+    # A put never evicts its own blocks: a 3-block chain plus 2 more in one put would
+    # keep the head; a second request's blocks push the first one's tail down.
+    await eng.put("ns", second)
     assert fast.used_bytes == 12 * KiB and slow.used_bytes == 8 * KiB
     assert media_of(sink, "removed") == [Medium.CPU, Medium.CPU]
-    # Two went down, not away, and a chain loses its tail before its head: the
-    # oldest block (0) is the head of 1 and 2, so 2 then 1 were demoted.
-    assert eng.lookup("ns", [b.block_hash for b in blocks]) == [
-        Medium.CPU, Medium.DISK, Medium.DISK, Medium.CPU, Medium.CPU]
-    got = await eng.get("ns", [b.block_hash for b in blocks])
-    assert [g[1] for g in got if g] == [bytes(b.payload) for b in blocks]
+    # Two went down, not away, and a chain loses its tail before its head.
+    assert eng.lookup("ns", [b.block_hash for b in first]) == [
+        Medium.CPU, Medium.DISK, Medium.DISK]
+    got = await eng.get("ns", [b.block_hash for b in first + second])
+    assert [g[1] for g in got if g] == [bytes(b.payload) for b in first + second]
+    # The slower tier announced the chain head first (demotions go parents first).
+    stored_disk = [m for k, metas, medium in sink.calls if k == "stored" and
+                   medium == Medium.DISK for m in metas]
+    assert [m.key.block_hash for m in stored_disk] == [b.block_hash for b in first[1:]]
     await eng.close()
+
+
+async def test_a_put_keeps_its_chain_head_when_the_tier_is_too_small():
+    fast = MemoryTier(12 * KiB, name="fast", medium=Medium.CPU)
+    eng, _ = engine_over(fast, write_back=False)
+    blocks = new_blocks(5)
+    assert await eng.put("ns", blocks) == (3, 0)
+    assert eng.stats.puts_cut == 1
+    assert eng.lookup("ns", [b.block_hash for b in blocks]) == [Medium.CPU] * 3
 
 
 async def test_capacity_is_never_exceeded_and_pinned_blocks_stay():
     dram = DramTier(64 * KiB, segment_prefix="kvtest")
-    eng, _ = engine_over(dram, write_back=False)
+    eng, _ = engine_over(dram, write_back=False, max_pinned_fraction=1.0)
     plane = SlotPlane(eng, dram)
     await eng.start()
     blocks = new_blocks(32)  # 4 KiB each: 16 fill the tier
@@ -88,10 +103,11 @@ async def test_capacity_is_never_exceeded_and_pinned_blocks_stay():
     with pytest.raises(TierFull, match="pinned or in flight"):
         await eng.put("ns", blocks[16:17])
     assert dram.used_bytes == dram.capacity_bytes
-    plane.release(lease.lease_id)
-    await eng.put("ns", blocks[16:32])  # unpinned: LRU makes room now
+    await plane.release(lease.lease_id)
+    others = new_blocks(16, seed=9)  # another chain: LRU makes room now
+    await eng.put("ns", others)
     assert dram.used_bytes == 64 * KiB
-    assert eng.lookup("ns", [b.block_hash for b in blocks[16:]]) == [Medium.CPU] * 16
+    assert eng.lookup("ns", [b.block_hash for b in others]) == [Medium.CPU] * 16
     await eng.close()
 
 
@@ -106,6 +122,9 @@ async def test_reservations_expire_and_free_their_slots():
     clock.t += 10
     with pytest.raises(UnknownReservation, match="expired"):
         await plane.commit("ns", [(slots[0], blocks[0])])
+    await eng.sweep()  # expired: quarantined first (a stalled writer may still write)
+    assert dram.used_bytes == 8 * KiB
+    clock.t += 10
     await eng.sweep()
     assert dram.used_bytes == 0
     with pytest.raises(UnknownReservation, match="never reserved"):
@@ -143,7 +162,7 @@ async def test_expired_read_lease_is_refused_at_release():
     await eng.sweep()  # unpins it
     assert BlockKey("ns", blocks[0].block_hash) not in eng.leases.pins
     with pytest.raises(LeaseExpired, match="discard"):
-        plane.release(lease.lease_id)
+        await plane.release(lease.lease_id)
     await eng.close()
 
 
@@ -160,7 +179,7 @@ async def test_delete_of_a_leased_block_defers_freeing_its_bytes():
     assert media_of(sink, "removed") == [Medium.CPU]
     await eng.sweep()
     assert bytes(plane.view(slot)) == bytes(blocks[0].payload)  # the reader's bytes stay
-    plane.release(lease.lease_id)
+    await plane.release(lease.lease_id)
     await eng.sweep()
     assert dram.used_bytes == 0
     await eng.close()
@@ -184,7 +203,7 @@ async def test_hint_moves_run_on_the_mover():
     blocks = new_blocks(3)
     await eng.put("ns", blocks, session_id="s1")
     await eng.put("ns", new_blocks(1, seed=9), session_id="s2")
-    assert eng.hint(Hint("s1", "turn_end")) == 3
+    assert eng.hint(Hint("s1", "turn_end"), "ns") == 3
     await eng.mover.drain()
     assert eng.lookup("ns", [b.block_hash for b in blocks]) == [Medium.DISK] * 3
     assert fast.used_bytes == 4 * KiB  # s2's block stayed

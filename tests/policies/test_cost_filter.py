@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from kvstore.policies.base import BlockInfo, TierSpec
+from kvstore.policies.base import BlockInfo, RequestInfo, TierSpec
 from kvstore.policies.cost import CostModel
 from kvstore.policies.filter import AdmissionFilter, FilteredLRU
 from kvstore.policies.lru import LRUPolicy
@@ -27,20 +27,16 @@ def test_cost_model_validates() -> None:
 def test_filter_admits_after_threshold_lookups() -> None:
     tiers = [TierSpec("hbm", 1000)]
     pol = FilteredLRU(tiers, threshold=2)
-    info = BlockInfo("k", 10, session_id="s")
-    assert pol.admit(info, 0.0) is None
-    pol.on_lookup(["k"], [None], info, 0.0)
-    assert pol.admit(info, 0.0) is None
-    pol.on_lookup(["k"], [None], info, 1.0)
-    assert pol.admit(info, 1.0) == "hbm"
+    req = RequestInfo(["k"], [None], "s", "chat", 10, 16, 16)
+    assert pol.on_request(req, 0.0).admit == {}
+    assert pol.on_request(req, 1.0).admit == {"k": "hbm"}
 
 
 def test_filter_wraps_any_policy_and_bounds_memory() -> None:
     tiers = [TierSpec("hbm", 1000)]
     inner = LRUPolicy(tiers)
     pol = AdmissionFilter(tiers, inner, threshold=1, max_tracked=3)
-    info = BlockInfo("a", 10)
-    pol.on_lookup(["a", "b", "c", "d"], [None] * 4, info, 0.0)
+    pol.on_request(RequestInfo(["a", "b", "c", "d"], [None] * 4, "s", "chat", 10, 16, 16), 0.0)
     assert pol.count("a") == 0 and pol.count("d") == 1
     pol.on_insert(BlockInfo("d", 10), "hbm", 0.0)
     assert pol.evict("hbm", 10, set(), 1.0) == ["d"]

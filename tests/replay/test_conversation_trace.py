@@ -5,12 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kvstore.policies.cost import CostModel
 
-from kvstore import policies
 from kvstore.replay.belady import belady_hit_rate
-from kvstore.replay.sim import Simulator, TierBudget, tier_specs
 from kvstore.replay.trace import Request, load_trace
+from tests.replay.helpers import replay
 
 TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / \
     "conversation_trace.jsonl.gz"
@@ -27,9 +25,7 @@ def trace() -> list[Request]:
 
 
 def hit_rate(reqs: list[Request], name: str, blocks: int) -> float:
-    budget = [TierBudget("hbm", blocks, 1e13)]
-    pol = policies.create(name, tier_specs(budget, CostModel()))
-    return Simulator(pol, budget).run(reqs).hit_rate
+    return replay(reqs, name, [("hbm", blocks)]).hit_rate
 
 
 def test_trace_shape(trace: list[Request]) -> None:
@@ -55,15 +51,13 @@ def test_workload_beats_lru_with_dram_and_disk(trace: list[Request]) -> None:
     """Tiers priced as one pool (docs/benchmarks/replay.md, section 1b): 17.45% with
     HBM 1,000 + DRAM 4,000 blocks against LRU's 11.18%, and 31.91% against 30.99% with
     disk 20,000 more."""
-    cost = CostModel()
     for dram, disk, at_least in ((4000, 0, 0.17), (4000, 20000, 0.315)):
-        budget = [TierBudget("hbm", 1000, 1e13), TierBudget("dram", dram, 25e9)]
+        budget = [("hbm", 1000), ("dram", dram)]
         if disk:
-            budget.append(TierBudget("disk", disk, 3e9))
+            budget.append(("disk", disk))
         rates = {}
         for name in ("lru", "workload"):
-            pol = policies.create(name, tier_specs(budget, cost))
-            res = Simulator(pol, budget, cost).run(trace)
+            res = replay(trace, name, budget)
             rates[name] = res.hit_rate
             if name == "workload":
                 assert res.hit_rate_by_tier["dram"] > 0.05  # DRAM serves, not only HBM

@@ -9,8 +9,8 @@ import pytest
 from kvstore.replay import cli
 from kvstore.replay.belady import belady_hit_rate
 from kvstore.replay.generate import KINDS, GenConfig, generate
-from kvstore.replay.sim import Simulator, TierBudget, tier_specs
 from kvstore.replay.trace import load_trace
+from tests.replay.helpers import replay
 
 SMALL = GenConfig(sessions=60, duration_s=600.0, seed=3, scale=0.1)
 
@@ -43,19 +43,15 @@ def test_unknown_kind_is_refused() -> None:
 
 
 def test_belady_bounds_every_policy() -> None:
-    from kvstore.policies.cost import CostModel
-
     from kvstore import policies
 
     reqs = generate("mixed", GenConfig(sessions=150, duration_s=300.0, seed=5, scale=0.1))
     for cap in (20, 80):
-        budget = [TierBudget("hbm", cap, 1e13)]
         # workload refuses admissions, so its bound is the optimum with bypass
         bound = belady_hit_rate(reqs, cap, bypass=True)
         assert bound >= belady_hit_rate(reqs, cap) - 1e-9
         for name in policies.available():
-            pol = policies.create(name, tier_specs(budget, CostModel()))
-            assert Simulator(pol, budget).run(reqs).hit_rate <= bound + 1e-9, name
+            assert replay(reqs, name, [("hbm", cap)]).hit_rate <= bound + 1e-9, name
 
 
 def test_cli_registers_replay_and_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

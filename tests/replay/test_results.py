@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from kvstore.replay.driver import ReplayResult
 from kvstore.replay.results import format_table
-from kvstore.replay.sim import ReplayResult
 
 
 def result(policy: str, tiers: dict[str, int], by_tier: dict[str, float]) -> ReplayResult:

@@ -1,20 +1,29 @@
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 
 import pytest
-from kvstore.policies.base import BlockInfo, Hint, Move, TierSpec
+from kvstore.policies.base import Hint, Move, Plan, RequestInfo, TierSpec
 from kvstore.policies.cost import CostModel
 from kvstore.policies.lru import LRUPolicy
 
-from kvstore.replay.sessions import SessionInferer
-from kvstore.replay.sim import Simulator, TierBudget, tier_specs
+from kvstore.engine.sessions import Sessions
+from kvstore.replay.driver import (
+    NAMESPACE,
+    EngineStore,
+    Replayer,
+    TierBudget,
+    VirtualClock,
+    block_hash,
+    build_engine,
+)
 from kvstore.replay.trace import After, Request, TraceError, dump_trace, load_trace
 
-ONE = [TierBudget("hbm", 4, 1e13)]
+ONE = [TierBudget("hbm", 4)]
 
 
 def req(t: int, ids: Sequence[int], **kw: object) -> Request:
@@ -54,71 +63,100 @@ def test_bad_line_names_file_and_line(tmp_path: Path) -> None:
         load_trace(path)
 
 
+class Player:
+    """The replay driver over the engine, one request at a time."""
+
+    def __init__(self, policy: str, budgets: list[TierBudget],
+                 cost: CostModel | None = None) -> None:
+        self.cost = cost or CostModel()
+        self.clock = VirtualClock()
+        self.engine = build_engine(policy, budgets, self.cost, self.clock)
+        self.replayer = Replayer(EngineStore(self.engine, self.clock), policy, budgets,
+                                 self.cost)
+
+    def step(self, r: Request) -> int:
+        return asyncio.run(self.replayer.play(r))
+
+    def tiers(self) -> dict[int, list[str]]:
+        return {int.from_bytes(e.key.block_hash, "big"): list(e.tiers)
+                for e in self.engine.index.entries()}
+
+
 def test_prefix_stops_at_first_miss() -> None:
-    sim = Simulator(LRUPolicy(tier_specs(ONE, CostModel())), ONE)
-    sim.step(req(0, [1, 2, 3]))
-    sim.policy.on_remove(2, "hbm")  # keep the simulator's own view consistent below
-    sim.loc.pop(2)
-    sim._use[0] -= sim.info.pop(2).size
-    assert sim.step(req(1, [1, 2, 3])) == 1  # 3 is cached but after the miss at 2
-    r = sim.result()
+    p = Player("lru", ONE)
+    p.step(req(0, [1, 2, 3]))
+    asyncio.run(p.engine.delete(NAMESPACE, [block_hash(2)]))
+    assert p.step(req(1, [1, 2, 3])) == 1  # 3 is cached but after the miss at 2
+    r = p.replayer.result()
     assert r.lookups == 6 and r.hit_blocks == 1
     assert r.hit_rate == pytest.approx(1 / 6)
 
 
 class Recorder(LRUPolicy):
-    """LRU that records what the simulator tells it."""
+    """LRU that records what the engine tells it and offloads on every hint."""
+
+    name = "recorder"
 
     def __init__(self, tiers: Sequence[TierSpec]) -> None:
         super().__init__(tiers)
         self.hints: list[tuple[Hint, float, list[tuple[Hashable, str]]]] = []
-        self.infos: list[BlockInfo] = []
+        self.requests: list[RequestInfo] = []
 
     def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:
         self.hints.append((hint, now, list(keys)))
         return [Move(k, t, "dram") for k, t in keys if t == "hbm"]
 
-    def on_lookup(self, keys: Sequence[Hashable], hit_tiers: Sequence[str | None],
-                  info: BlockInfo, now: float) -> list[Move]:
-        self.infos.append(info)
-        return []
+    def on_request(self, req: RequestInfo, now: float) -> Plan:
+        self.requests.append(req)
+        return super().on_request(req, now)
 
 
-def test_hint_arrives_at_request_end_and_moves_run() -> None:
-    budgets = [TierBudget("hbm", 4, 1e13), TierBudget("dram", 8, 25e9)]
-    pol = Recorder(tier_specs(budgets, CostModel()))
-    sim = Simulator(pol, budgets)
-    sim.step(req(1000, [1, 2], session_id="a", workload="agent",
-                 after=After("tool_call", "search")))
+def test_hint_arrives_at_request_end_and_moves_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvstore import policies
+
+    monkeypatch.setitem(policies._REGISTRY, "recorder",  # type: ignore[attr-defined]
+                        f"{__name__}:Recorder")
+    budgets = [TierBudget("hbm", 4), TierBudget("dram", 8)]
+    p = Player("recorder", budgets)
+    pol = p.engine.policy
+    assert isinstance(pol, Recorder)
+    p.step(req(1000, [1, 2], session_id="a", workload="agent",
+               after=After("tool_call", "search")))
     hint, now, keys = pol.hints[0]
-    assert (hint.session_id, hint.event, hint.tool, hint.workload) == ("a", "tool_call",
+    assert (hint.session_id, hint.event, hint.tool, hint.workload) == ("trace|a", "tool_call",
                                                                       "search", "agent")
     assert now == 1.0 and hint.expected_gap_s is None
-    assert sorted(keys) == [(1, "hbm"), (2, "hbm")]
-    assert sim.loc == {1: 1, 2: 1}  # offloaded to dram by the hint's moves
-    sim.step(req(5000, [1, 2, 3], session_id="a"))
-    r = sim.result()
+    assert sorted(k.block_hash for k, _t in keys) == [block_hash(1), block_hash(2)]
+    assert {t for _k, t in keys} == {"hbm"}
+    assert p.tiers() == {1: ["dram"], 2: ["dram"]}  # offloaded by the hint's moves
+    first = pol.requests[0]
+    assert first.session_id == "trace|a" and first.workload == "agent"
+    assert first.block_tokens == 512 and first.last_tokens == 512 - 10
+    p.step(req(5000, [1, 2, 3], session_id="a"))
+    r = p.replayer.result()
     assert r.hit_rate_by_tier == {"hbm": 0.0, "dram": pytest.approx(2 / 5)}
-    assert r.bytes_moved["hbm->dram"] == 2 * CostModel().block_bytes
-    assert r.bytes_moved["dram->hbm"] == 2 * CostModel().block_bytes
+    moved = p.engine.stats.moved_bytes
+    # Down: the write-back copies of 1, 2 (the hint's move then only drops the hbm copies)
+    # and of 3; up: the prefetch of the returning session's 1, 2.
+    assert moved[("hbm", "dram")] == 3 and moved[("dram", "hbm")] == 2
     assert r.prefill_s_saved > 0
 
 
 def test_tier_that_loses_to_recompute_is_not_used() -> None:
-    budgets = [TierBudget("hbm", 1, 1e13), TierBudget("remote", 8, 1e6)]
-    pol = LRUPolicy(tier_specs(budgets, CostModel()))
-    sim = Simulator(pol, budgets)
-    sim.step(req(0, [1]))
-    sim.step(req(1, [2]))
-    assert sim.loc == {1: 1, 2: 0}  # 1 was demoted to the remote tier
-    assert sim.step(req(2, [1])) == 0  # loading it would lose to recompute
-    assert sim.result().hit_rate_by_tier["remote"] == 0.0
+    # Prefill so fast that reading a 29 MB block from disk loses to recomputing it.
+    cost = CostModel(prefill_tokens_per_s=1e6)
+    p = Player("lru", [TierBudget("hbm", 1), TierBudget("disk", 8)], cost)
+    p.step(req(0, [1]))
+    p.step(req(1000, [2]))
+    assert p.tiers() == {1: ["disk"], 2: ["hbm", "disk"]}  # write-back, then eviction
+    assert p.step(req(2000, [1])) == 0  # loading it would lose to recompute
+    assert p.replayer.result().hit_rate_by_tier["disk"] == 0.0
 
 
 def test_sessions_inferred_from_prefix_chains() -> None:
-    inf = SessionInferer()
-    a1 = inf.session_for([0, 1, 10, 11, 12])
-    b1 = inf.session_for([0, 1, 20, 21])      # shares only the system prompt [0, 1]
-    a2 = inf.session_for([0, 1, 10, 11, 13, 14])  # continues a (its tail 12 was partial)
-    b2 = inf.session_for([0, 1, 20, 22, 23])
+    inf = Sessions()
+    a1 = inf.infer("ns", [0, 1, 10, 11, 12])
+    b1 = inf.infer("ns", [0, 1, 20, 21])      # shares only the system prompt [0, 1]
+    a2 = inf.infer("ns", [0, 1, 10, 11, 13, 14])  # continues a (its tail 12 was partial)
+    b2 = inf.infer("ns", [0, 1, 20, 22, 23])
     assert a1 == a2 and b1 == b2 and a1 != b1

@@ -131,10 +131,12 @@ def test_expired_lease(srv, stub, stored):
 def test_hint_validation(srv, stored):
     with KVStoreClient(srv.address) as c:
         with pytest.raises(errors.InvalidArgument, match="unknown event 'lunch'"):
-            c.hint("s1", "lunch")
+            c.hint("s1", "lunch", namespace="good")
         with pytest.raises(errors.InvalidArgument, match="unknown workload"):
-            c.hint("s1", "turn_end", workload="gaming")
-        assert c.hint("s1", "turn_end", workload="chat") >= 0
+            c.hint("s1", "turn_end", workload="gaming", namespace="good")
+        with pytest.raises(errors.InvalidArgument, match="scoped by namespace"):
+            c.hint("s1", "turn_end", workload="chat")
+        assert c.hint("s1", "turn_end", workload="chat", namespace="good") >= 0
 
 
 def test_client_errors_carry_their_class(srv, stored):

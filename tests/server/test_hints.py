@@ -33,7 +33,8 @@ def test_hints_offload_prefetch_and_drop(server_factory):
         assert c.stats().tier("disk").blocks == 9
 
         # A human will take ten minutes to reply: s1's blocks leave DRAM, s2's stay.
-        assert c.hint("s1", "turn_end", workload="chat", expected_gap_ms=600_000) >= 6
+        assert c.hint("s1", "turn_end", workload="chat", expected_gap_ms=600_000,
+                      namespace="m") >= 6
         srv.drain()
         assert c.stats().tier("dram").blocks == 3
         assert c.lookup("m", [b.block_hash for b in other]).media == (Medium.CPU,) * 3
@@ -41,16 +42,17 @@ def test_hints_offload_prefetch_and_drop(server_factory):
         # The session is back: its lookup is served from disk and prefetches the prefix.
         assert c.lookup("m", hashes, session_id="s1").media == (Medium.DISK,) * 6
         srv.drain()
-        assert c.lookup("m", hashes).media == (Medium.CPU,) * 6
+        assert c.lookup("m", hashes, session_id="s1").media == (Medium.CPU,) * 6
         got = c.get("m", hashes)
         assert [g.payload for g in got if g] == [b.payload for b in mine]
 
-        # The session ends: every copy of its private blocks goes.
-        c.hint("s1", "session_end", workload="chat")
+        # The session ends: every copy of its private blocks goes. (A lookup without a
+        # session would have started an inferred session that needs them too.)
+        c.hint("s1", "session_end", workload="chat", namespace="m")
         srv.drain()
-        assert c.lookup("m", hashes).num_hit == 0
         st = c.stats()
         assert st.blocks == 3 and st.tier("disk").blocks == 3
+        assert c.lookup("m", hashes).num_hit == 0
 
 
 def test_a_tool_result_hint_prefetches_the_session_before_its_next_request(server_factory):
@@ -62,14 +64,14 @@ def test_a_tool_result_hint_prefetches_the_session_before_its_next_request(serve
         c.put("m", mine, session_id="agent-1", workload="agent")
         srv.drain()
         # A long build: the session's blocks leave DRAM for disk while the tool runs.
-        assert c.hint("agent-1", "tool_call", workload="agent", tool="build",
+        assert c.hint("agent-1", "tool_call", workload="agent", tool="build", namespace="m",
                       expected_gap_ms=300_000) == 5
         srv.drain()
         st = c.stats()  # (a lookup now would prefetch the prefix itself)
         assert st.tier("dram").blocks == 0 and st.tier("disk").blocks == 5
         # The build is done: the next request is coming, so the prefix comes up now,
         # before any lookup, and the disk copies stay (a prefetch keeps the slower copy).
-        assert c.hint("agent-1", "tool_result", workload="agent") == 5
+        assert c.hint("agent-1", "tool_result", workload="agent", namespace="m") == 5
         srv.drain()
         assert c.lookup("m", hashes).media == (Medium.CPU,) * 5
         st = c.stats()

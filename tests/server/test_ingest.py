@@ -52,10 +52,13 @@ def test_vllm_events_are_mirrored_and_republished(server_factory):
             time.sleep(0.2)
         with KVStoreClient(srv.address) as c:
             c.put("m", make_chain(2, 4096))
-        got = _events(srv, want=4)
+        got = _events(srv, want=5)
     finally:
         pub.close(0)
     kinds = [(type(e).__name__, getattr(e, "medium", None)) for e in got]
+    # A starting sidecar first tells routers that whatever it announced before is gone.
+    assert kinds[0] == ("AllBlocksCleared", None)
+    got, kinds = got[1:], kinds[1:]
     assert kinds[0] == ("BlockStored", "GPU") and got[0].block_hashes == [11, 12]
     # vLLM's AllBlocksCleared clears vLLM's cache only: routers get removals of
     # exactly those GPU blocks, not a clear that would also drop the sidecar's copies.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -57,13 +58,41 @@ def make_tier(kind: str, capacity: int, tmp_path: Path) -> Tier:
     raise ValueError(kind)
 
 
-@pytest.fixture(params=["memory", "dram", "disk"])
+def make_redis_tier(request: pytest.FixtureRequest, capacity: int, **cfg: object
+                    ) -> tuple[Tier, Callable[[], None]]:
+    """A redis tier on the shared Redis (``redis``) or the session's Redis Cluster
+    (``redis-cluster``) under a key prefix of its own; the second value removes its keys."""
+    from kvstore.config import RedisConfig
+    from kvstore.tiers.redis import RedisTier
+    from tests.redis_servers import SHARED_PORT, delete_prefix
+
+    prefix = f"kvtest-{uuid.uuid4().hex[:12]}"
+    if request.param == "redis-cluster":
+        cluster = request.getfixturevalue("redis_cluster")
+        conf = RedisConfig(cluster_nodes=tuple(cluster.addresses[:1]), key_prefix=prefix,
+                           capacity=capacity, **cfg)  # type: ignore[arg-type]
+        ports = [n.port for n in cluster.alive()]
+    else:
+        url = request.getfixturevalue("redis_url")
+        conf = RedisConfig(url=url, key_prefix=prefix, capacity=capacity,
+                           **cfg)  # type: ignore[arg-type]
+        ports = [int(url.rsplit(":", 1)[1].split("/")[0]) if url else SHARED_PORT]
+    return RedisTier(conf), lambda: delete_prefix(ports, prefix)
+
+
+@pytest.fixture(params=["memory", "dram", "disk", "redis", "redis-cluster"])
 async def tier(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Tier]:
-    t = make_tier(request.param, CAPACITY, tmp_path)
+    cleanup: Callable[[], None] = lambda: None  # noqa: E731
+    if request.param.startswith("redis"):
+        # Small chunks: the suite's larger blocks are split, as big KV blocks are.
+        t, cleanup = make_redis_tier(request, CAPACITY, chunk_bytes=64 << 10)
+    else:
+        t = make_tier(request.param, CAPACITY, tmp_path)
     try:
         yield t
     finally:
         await t.close()
+        cleanup()
 
 
 @pytest.fixture

@@ -59,7 +59,8 @@ async def reopen(root: Path, capacity: int = CAPACITY, **kw: object) -> DiskTier
 async def test_restart_recovers_every_block_from_footers(tmp_path: Path) -> None:
     root = tmp_path / "d"
     first = DiskTier(root, CAPACITY)
-    items = [block(i, 1000 * (i + 1), parent_hash=bytes(32) if i else None) for i in range(5)]
+    items = [block(i, 1000 * (i + 1), parent_hash=bytes(32) if i else None, num_tokens=16)
+             for i in range(5)]
     await first.put_many(items)
     await first.close()
     assert segments(root) and len(segments(root, ".idx")) == len(segments(root))
@@ -194,6 +195,7 @@ async def test_leftovers_and_bad_entries_are_skipped_never_stop_the_start(tmp_pa
     assert again.blocks == 3
     # skipped: f0, f1, f2, the unknown FIFO, the FIFO footer, the v1 files; damaged: f3
     assert again.skipped == 6 and again.damaged == 1
+    assert again.startup_skipped == 7  # what the engine reports as Stats.startup_skipped
     assert not (root / f"{seg.stem}.idx.tmp").exists()
     assert not (root / "00000000000000f3.seg").exists()  # the damaged segment was dropped
     await again.put(*block(10, 100))  # new segments get ids past every name seen

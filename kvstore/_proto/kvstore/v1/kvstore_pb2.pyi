@@ -63,36 +63,44 @@ class SlotDescriptor(_message.Message):
     def __init__(self, segment: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., block_hash: _Optional[bytes] = ..., checksum: _Optional[int] = ..., slot_id: _Optional[int] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("namespace", "block_hashes", "session_id", "workload")
+    __slots__ = ("namespace", "block_hashes", "session_id", "workload", "request_id", "num_tokens")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
     session_id: str
     workload: str
-    def __init__(self, namespace: _Optional[str] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ...) -> None: ...
+    request_id: str
+    num_tokens: int
+    def __init__(self, namespace: _Optional[str] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ..., request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ("num_hit", "media")
+    __slots__ = ("num_hit", "media", "store_blocks")
     NUM_HIT_FIELD_NUMBER: _ClassVar[int]
     MEDIA_FIELD_NUMBER: _ClassVar[int]
+    STORE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     num_hit: int
     media: _containers.RepeatedScalarFieldContainer[Medium]
-    def __init__(self, num_hit: _Optional[int] = ..., media: _Optional[_Iterable[_Union[Medium, str]]] = ...) -> None: ...
+    store_blocks: int
+    def __init__(self, num_hit: _Optional[int] = ..., media: _Optional[_Iterable[_Union[Medium, str]]] = ..., store_blocks: _Optional[int] = ...) -> None: ...
 
 class PutRequest(_message.Message):
-    __slots__ = ("namespace", "blocks", "session_id", "workload")
+    __slots__ = ("namespace", "blocks", "session_id", "workload", "request_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     blocks: _containers.RepeatedCompositeFieldContainer[Block]
     session_id: str
     workload: str
-    def __init__(self, namespace: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ...) -> None: ...
+    request_id: str
+    def __init__(self, namespace: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class PutResponse(_message.Message):
     __slots__ = ("stored", "existing")
@@ -139,14 +147,20 @@ class SegmentsResponse(_message.Message):
     def __init__(self, segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ..., host_id: _Optional[str] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("namespace", "sizes", "block_hashes")
+    __slots__ = ("namespace", "sizes", "block_hashes", "session_id", "workload", "request_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     sizes: _containers.RepeatedScalarFieldContainer[int]
     block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, namespace: _Optional[str] = ..., sizes: _Optional[_Iterable[int]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    session_id: str
+    workload: str
+    request_id: str
+    def __init__(self, namespace: _Optional[str] = ..., sizes: _Optional[_Iterable[int]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
     __slots__ = ("slots", "lease_seconds")
@@ -157,18 +171,20 @@ class ReserveResponse(_message.Message):
     def __init__(self, slots: _Optional[_Iterable[_Union[SlotDescriptor, _Mapping]]] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("namespace", "slots", "headers", "session_id", "workload")
+    __slots__ = ("namespace", "slots", "headers", "session_id", "workload", "request_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     HEADERS_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     slots: _containers.RepeatedCompositeFieldContainer[SlotDescriptor]
     headers: _containers.RepeatedCompositeFieldContainer[BlockHeader]
     session_id: str
     workload: str
-    def __init__(self, namespace: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotDescriptor, _Mapping]]] = ..., headers: _Optional[_Iterable[_Union[BlockHeader, _Mapping]]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ...) -> None: ...
+    request_id: str
+    def __init__(self, namespace: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotDescriptor, _Mapping]]] = ..., headers: _Optional[_Iterable[_Union[BlockHeader, _Mapping]]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class CommitResponse(_message.Message):
     __slots__ = ("stored",)
@@ -209,14 +225,18 @@ class AcquireResponse(_message.Message):
     def __init__(self, lease_id: _Optional[int] = ..., slots: _Optional[_Iterable[_Union[SlotDescriptor, _Mapping]]] = ..., headers: _Optional[_Iterable[_Union[BlockHeader, _Mapping]]] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("lease_id",)
+    __slots__ = ("lease_id", "corrupt_hashes")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    CORRUPT_HASHES_FIELD_NUMBER: _ClassVar[int]
     lease_id: int
-    def __init__(self, lease_id: _Optional[int] = ...) -> None: ...
+    corrupt_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, lease_id: _Optional[int] = ..., corrupt_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("corrupt",)
+    CORRUPT_FIELD_NUMBER: _ClassVar[int]
+    corrupt: int
+    def __init__(self, corrupt: _Optional[int] = ...) -> None: ...
 
 class DeleteRequest(_message.Message):
     __slots__ = ("namespace", "block_hashes")
@@ -233,20 +253,24 @@ class DeleteResponse(_message.Message):
     def __init__(self, deleted: _Optional[int] = ...) -> None: ...
 
 class HintRequest(_message.Message):
-    __slots__ = ("session_id", "event", "workload", "tool", "expected_gap_ms", "namespace")
+    __slots__ = ("session_id", "event", "workload", "tool", "expected_gap_ms", "namespace", "request_id", "output_tokens")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_GAP_MS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     event: str
     workload: str
     tool: str
     expected_gap_ms: float
     namespace: str
-    def __init__(self, session_id: _Optional[str] = ..., event: _Optional[str] = ..., workload: _Optional[str] = ..., tool: _Optional[str] = ..., expected_gap_ms: _Optional[float] = ..., namespace: _Optional[str] = ...) -> None: ...
+    request_id: str
+    output_tokens: int
+    def __init__(self, session_id: _Optional[str] = ..., event: _Optional[str] = ..., workload: _Optional[str] = ..., tool: _Optional[str] = ..., expected_gap_ms: _Optional[float] = ..., namespace: _Optional[str] = ..., request_id: _Optional[str] = ..., output_tokens: _Optional[int] = ...) -> None: ...
 
 class HintResponse(_message.Message):
     __slots__ = ("moves",)
@@ -277,7 +301,7 @@ class TierStats(_message.Message):
     def __init__(self, name: _Optional[str] = ..., medium: _Optional[_Union[Medium, str]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., hits: _Optional[int] = ..., evictions: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("tiers", "blocks", "namespaces", "lookups", "lookup_hit_blocks", "lookup_miss_blocks", "puts", "gets", "bytes_in", "bytes_out", "pending_moves", "version", "sessions", "events_published")
+    __slots__ = ("tiers", "blocks", "namespaces", "lookups", "lookup_hit_blocks", "lookup_miss_blocks", "puts", "gets", "bytes_in", "bytes_out", "pending_moves", "version", "sessions", "events_published", "transfers_failed", "transfers_dropped", "events_dropped", "corrupt_reads", "orphans_dropped", "demotions_failed", "startup_skipped", "quarantined_slots")
     TIERS_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACES_FIELD_NUMBER: _ClassVar[int]
@@ -292,6 +316,14 @@ class StatsResponse(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     EVENTS_PUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    TRANSFERS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    TRANSFERS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    CORRUPT_READS_FIELD_NUMBER: _ClassVar[int]
+    ORPHANS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    DEMOTIONS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_SLOTS_FIELD_NUMBER: _ClassVar[int]
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
     blocks: int
     namespaces: int
@@ -306,7 +338,15 @@ class StatsResponse(_message.Message):
     version: str
     sessions: int
     events_published: int
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., blocks: _Optional[int] = ..., namespaces: _Optional[int] = ..., lookups: _Optional[int] = ..., lookup_hit_blocks: _Optional[int] = ..., lookup_miss_blocks: _Optional[int] = ..., puts: _Optional[int] = ..., gets: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., pending_moves: _Optional[int] = ..., version: _Optional[str] = ..., sessions: _Optional[int] = ..., events_published: _Optional[int] = ...) -> None: ...
+    transfers_failed: int
+    transfers_dropped: int
+    events_dropped: int
+    corrupt_reads: int
+    orphans_dropped: int
+    demotions_failed: int
+    startup_skipped: int
+    quarantined_slots: int
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., blocks: _Optional[int] = ..., namespaces: _Optional[int] = ..., lookups: _Optional[int] = ..., lookup_hit_blocks: _Optional[int] = ..., lookup_miss_blocks: _Optional[int] = ..., puts: _Optional[int] = ..., gets: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., pending_moves: _Optional[int] = ..., version: _Optional[str] = ..., sessions: _Optional[int] = ..., events_published: _Optional[int] = ..., transfers_failed: _Optional[int] = ..., transfers_dropped: _Optional[int] = ..., events_dropped: _Optional[int] = ..., corrupt_reads: _Optional[int] = ..., orphans_dropped: _Optional[int] = ..., demotions_failed: _Optional[int] = ..., startup_skipped: _Optional[int] = ..., quarantined_slots: _Optional[int] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
     __slots__ = ("start_seq",)
@@ -323,3 +363,120 @@ class EventBatch(_message.Message):
     ts: float
     payload: bytes
     def __init__(self, seq: _Optional[int] = ..., ts: _Optional[float] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class Distribution(_message.Message):
+    __slots__ = ("count", "mean", "p50", "p90", "p99", "min", "max")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    MEAN_FIELD_NUMBER: _ClassVar[int]
+    P50_FIELD_NUMBER: _ClassVar[int]
+    P90_FIELD_NUMBER: _ClassVar[int]
+    P99_FIELD_NUMBER: _ClassVar[int]
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+    min: float
+    max: float
+    def __init__(self, count: _Optional[int] = ..., mean: _Optional[float] = ..., p50: _Optional[float] = ..., p90: _Optional[float] = ..., p99: _Optional[float] = ..., min: _Optional[float] = ..., max: _Optional[float] = ...) -> None: ...
+
+class ProfileRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ProfileReuse(_message.Message):
+    __slots__ = ("block_lookups", "hit_blocks", "unbounded_hit_rate")
+    BLOCK_LOOKUPS_FIELD_NUMBER: _ClassVar[int]
+    HIT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    UNBOUNDED_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    block_lookups: int
+    hit_blocks: int
+    unbounded_hit_rate: float
+    def __init__(self, block_lookups: _Optional[int] = ..., hit_blocks: _Optional[int] = ..., unbounded_hit_rate: _Optional[float] = ...) -> None: ...
+
+class ProfileSessions(_message.Message):
+    __slots__ = ("sessions", "calls_per_session", "read_back_tokens", "new_tokens", "gap_seconds", "duration_seconds")
+    class GapSecondsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Distribution
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Distribution, _Mapping]] = ...) -> None: ...
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    CALLS_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
+    READ_BACK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GAP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    sessions: int
+    calls_per_session: Distribution
+    read_back_tokens: Distribution
+    new_tokens: Distribution
+    gap_seconds: _containers.MessageMap[str, Distribution]
+    duration_seconds: Distribution
+    def __init__(self, sessions: _Optional[int] = ..., calls_per_session: _Optional[_Union[Distribution, _Mapping]] = ..., read_back_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., new_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., gap_seconds: _Optional[_Mapping[str, Distribution]] = ..., duration_seconds: _Optional[_Union[Distribution, _Mapping]] = ...) -> None: ...
+
+class ProfileResponse(_message.Message):
+    __slots__ = ("window_seconds", "requests", "block_tokens", "kv_bytes_per_token", "input_tokens", "output_tokens", "ratio", "context_tokens", "quadrants", "workloads", "span_seconds", "requests_per_minute", "per_minute", "bin_seconds", "bins", "peak", "trough", "peak_to_trough", "interarrival_cv", "reuse", "sessions", "notes")
+    class QuadrantsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class WorkloadsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RATIO_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    QUADRANTS_FIELD_NUMBER: _ClassVar[int]
+    WORKLOADS_FIELD_NUMBER: _ClassVar[int]
+    SPAN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    BIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BINS_FIELD_NUMBER: _ClassVar[int]
+    PEAK_FIELD_NUMBER: _ClassVar[int]
+    TROUGH_FIELD_NUMBER: _ClassVar[int]
+    PEAK_TO_TROUGH_FIELD_NUMBER: _ClassVar[int]
+    INTERARRIVAL_CV_FIELD_NUMBER: _ClassVar[int]
+    REUSE_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    window_seconds: float
+    requests: int
+    block_tokens: int
+    kv_bytes_per_token: float
+    input_tokens: Distribution
+    output_tokens: Distribution
+    ratio: Distribution
+    context_tokens: Distribution
+    quadrants: _containers.ScalarMap[str, int]
+    workloads: _containers.ScalarMap[str, int]
+    span_seconds: float
+    requests_per_minute: float
+    per_minute: Distribution
+    bin_seconds: float
+    bins: int
+    peak: int
+    trough: int
+    peak_to_trough: float
+    interarrival_cv: float
+    reuse: ProfileReuse
+    sessions: ProfileSessions
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, window_seconds: _Optional[float] = ..., requests: _Optional[int] = ..., block_tokens: _Optional[int] = ..., kv_bytes_per_token: _Optional[float] = ..., input_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., output_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., ratio: _Optional[_Union[Distribution, _Mapping]] = ..., context_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., quadrants: _Optional[_Mapping[str, int]] = ..., workloads: _Optional[_Mapping[str, int]] = ..., span_seconds: _Optional[float] = ..., requests_per_minute: _Optional[float] = ..., per_minute: _Optional[_Union[Distribution, _Mapping]] = ..., bin_seconds: _Optional[float] = ..., bins: _Optional[int] = ..., peak: _Optional[int] = ..., trough: _Optional[int] = ..., peak_to_trough: _Optional[float] = ..., interarrival_cv: _Optional[float] = ..., reuse: _Optional[_Union[ProfileReuse, _Mapping]] = ..., sessions: _Optional[_Union[ProfileSessions, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...

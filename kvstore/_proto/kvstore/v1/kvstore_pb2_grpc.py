@@ -99,6 +99,11 @@ class KVStoreStub(object):
                 request_serializer=kvstore_dot_v1_dot_kvstore__pb2.SubscribeRequest.SerializeToString,
                 response_deserializer=kvstore_dot_v1_dot_kvstore__pb2.EventBatch.FromString,
                 _registered_method=True)
+        self.Profile = channel.unary_unary(
+                '/kvstore.v1.KVStore/Profile',
+                request_serializer=kvstore_dot_v1_dot_kvstore__pb2.ProfileRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_kvstore__pb2.ProfileResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer(object):
@@ -184,6 +189,13 @@ class KVStoreServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Profile(self, request, context):
+        """The workload profile over the server's recent traffic.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -251,6 +263,11 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.SubscribeEvents,
                     request_deserializer=kvstore_dot_v1_dot_kvstore__pb2.SubscribeRequest.FromString,
                     response_serializer=kvstore_dot_v1_dot_kvstore__pb2.EventBatch.SerializeToString,
+            ),
+            'Profile': grpc.unary_unary_rpc_method_handler(
+                    servicer.Profile,
+                    request_deserializer=kvstore_dot_v1_dot_kvstore__pb2.ProfileRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_kvstore__pb2.ProfileResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -604,6 +621,33 @@ class KVStore(object):
             '/kvstore.v1.KVStore/SubscribeEvents',
             kvstore_dot_v1_dot_kvstore__pb2.SubscribeRequest.SerializeToString,
             kvstore_dot_v1_dot_kvstore__pb2.EventBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Profile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/Profile',
+            kvstore_dot_v1_dot_kvstore__pb2.ProfileRequest.SerializeToString,
+            kvstore_dot_v1_dot_kvstore__pb2.ProfileResponse.FromString,
             options,
             channel_credentials,
             insecure,

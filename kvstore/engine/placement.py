@@ -1,0 +1,301 @@
+"""The engine's placement primitives: room, eviction, copies, drops, transfers.
+
+Every byte a tier holds is placed or freed here, so the rules live once:
+capacity is made by asking the policy for victims (demoting them where it
+says); a copy between tiers checks the source bytes against their checksum; a
+dropped copy's bytes are freed only once no reader, copy or request still holds
+them (a slot is never reused under a lease); every change tells the policy and
+the event stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable, Container, Hashable, Sequence
+from typing import TYPE_CHECKING
+
+import xxhash
+
+from kvstore.engine.blocks import block_info
+from kvstore.engine.index import Entry, Index
+from kvstore.engine.leases import Leases
+from kvstore.engine.mover import Mover, Transfer
+from kvstore.engine.stats import EngineStats
+from kvstore.errors import BlockNotFound, DataCorruption, TierFull
+from kvstore.events import EventSink
+from kvstore.policies import Move, Policy
+from kvstore.tiers._common import check_size
+from kvstore.tiers.base import SlotTier, Tier
+from kvstore.types import BlockKey, BlockMeta, Medium
+
+if TYPE_CHECKING:
+    from kvstore.engine.shared import SharedPrefix
+
+__all__ = ["Placement", "Protected"]
+
+log = logging.getLogger("kvstore.engine")
+
+_MAX_EVICTION_ROUNDS = 64
+
+
+class Protected(Container[Hashable]):
+    """Keys no eviction may take: pinned by a lease, being copied, reserved, or
+    ``extra`` (the blocks of the request being stored). Checked lazily, key by key."""
+
+    __slots__ = ("_extra", "_owner")
+
+    def __init__(self, owner: Placement, extra: Container[Hashable] = ()) -> None:
+        self._owner = owner
+        self._extra = extra
+
+    def __contains__(self, key: object) -> bool:
+        o = self._owner
+        return (key in self._extra or key in o.leases.pins or key in o._in_flight
+                or key in o.leases.reserved)
+
+
+class Placement:
+    """Tiers, index, policy and the primitives that move bytes between them."""
+
+    def __init__(self, tiers: Sequence[Tier], policy: Policy, events: EventSink,
+                 clock: Callable[[], float], write_back: bool) -> None:
+        if not tiers:
+            raise ValueError("the engine needs at least one tier")
+        self.tiers: dict[str, Tier] = {t.name: t for t in tiers}
+        self.order = [t.name for t in tiers]
+        self._rank = {name: i for i, name in enumerate(self.order)}
+        self.policy = policy
+        self.events = events
+        self.clock = clock
+        self.write_back = write_back
+        self.index = Index(self.order)
+        self.leases = Leases()
+        self.stats = EngineStats()
+        self.mover = Mover(self.run_transfer)
+        #: Keys being copied between tiers (a count: several copies may overlap).
+        self._in_flight: Counter[BlockKey] = Counter()
+        #: Dropped copies still held by a reader or a copy: key -> tiers to free later.
+        self._deferred_free: dict[BlockKey, set[str]] = {}
+        #: (key, dst tier) -> completion of the copy running now
+        self._copies: dict[tuple[BlockKey, str], asyncio.Future[None]] = {}
+        self._medium: dict[str, Medium] = {name: t.medium for name, t in self.tiers.items()}
+        #: Tiers whose bytes co-located clients map (and so could overwrite): every
+        #: read from them is checked against the block's checksum.
+        self._mapped = {name for name, t in self.tiers.items()
+                        if isinstance(t.unwrap(), SlotTier)}
+        #: Hooks for a tier other hosts share (kvstore.engine.shared), set by the server.
+        self.shared: SharedPrefix | None = None
+
+    # -- protection -----------------------------------------------------------------
+    def free_pending(self, key: BlockKey) -> bool:
+        """True while a dropped copy of ``key`` is still held: storing it again now
+        would race the deferred free, so writers skip it this time."""
+        return key in self._deferred_free
+
+    def is_protected(self, key: BlockKey) -> bool:
+        return key in self.leases.pins or key in self._in_flight
+
+    async def free_deferred(self) -> None:
+        """Free dropped copies nobody holds any more (the sweeper calls this)."""
+        for key, tier_names in list(self._deferred_free.items()):
+            if self.is_protected(key):
+                continue
+            del self._deferred_free[key]
+            entry = self.index.get(key)
+            for tier_name in tier_names:
+                if entry is None or tier_name not in entry.tiers:
+                    await self.tiers[tier_name].delete(key)
+
+    # -- capacity -------------------------------------------------------------------
+    async def make_room(self, tier_name: str, size: int,
+                        extra: Container[Hashable] = ()) -> None:
+        """Evict (demoting where the policy says) until ``size`` bytes fit in the tier;
+        keys in ``extra`` are not evicted. Raises TierFull when nothing more can go."""
+        tier = self.tiers[tier_name]
+        if tier.can_fit(size):
+            return
+        check_size(tier_name, tier.capacity_bytes, size)  # BlockTooLargeForTier
+        protected = Protected(self, extra)
+        for _ in range(_MAX_EVICTION_ROUNDS):
+            need = max(size - (tier.capacity_bytes - tier.used_bytes), 1)
+            now = self.clock()
+            victims = self.policy.evict(tier_name, need, protected, now)
+            if not victims:
+                break
+            await self._evict(victims, tier_name, now)
+            if tier.can_fit(size):
+                return
+        raise TierFull(
+            f"tier {tier_name!r} is full ({tier.used_bytes}/{tier.capacity_bytes} bytes) "
+            f"and nothing evictable frees {size} bytes: the rest is pinned or in flight")
+
+    async def _evict(self, victims: Sequence[Hashable], tier_name: str, now: float) -> None:
+        """Demote the victims where the policy says, parents first (so the slower tier
+        announces a chain head first), then drop them here, children first (so this
+        tier's chains shrink from their ends)."""
+        # Victims were chosen before the awaits below: skip any that became pinned or
+        # started moving since.
+        keys = [k for k in victims if isinstance(k, BlockKey) and not self.is_protected(k)]
+        for key in reversed(keys):
+            entry = self.index.get(key)
+            if entry is None or tier_name not in entry.tiers:
+                continue
+            dst = self.policy.demote_to(key, tier_name, now)
+            if dst is not None and dst not in entry.tiers:
+                try:
+                    await self.copy(entry, tier_name, dst)
+                except Exception as exc:  # a failed demotion degrades to a drop
+                    self.stats.demotions_failed += 1
+                    log.debug("demotion of %s to %s failed, dropping: %s", key, dst, exc)
+        for key in keys:
+            entry = self.index.get(key)
+            if entry is None or tier_name not in entry.tiers:
+                self.policy.on_remove(key, tier_name)
+                continue
+            if key in self._in_flight:
+                continue  # another copy of it started meanwhile; leave it, evict others
+            self.stats.evictions[tier_name] += 1
+            await self._drop(key, tier_name)
+
+    # -- placement --------------------------------------------------------------------
+    async def _store(self, meta: BlockMeta, payload: bytes | memoryview, tier_name: str,
+                     extra: Container[Hashable] = ()) -> Entry:
+        await self.make_room(tier_name, meta.size, extra)
+        await self.tiers[tier_name].put(meta, payload)
+        return self._stored(meta, tier_name)
+
+    def _stored(self, meta: BlockMeta, tier_name: str) -> Entry:
+        entry = self.index.add_location(meta, tier_name)
+        self.policy.on_insert(block_info(meta), tier_name, self.clock())
+        self.events.block_stored((meta,), self._medium[tier_name])
+        return entry
+
+    async def copy(self, entry: Entry, src: str, dst: str,
+                   extra: Container[Hashable] = ()) -> None:
+        """Copy a block into ``dst`` (no-op if it is there); concurrent copies of one
+        block to one tier share a single transfer."""
+        key = entry.key
+        if dst in entry.tiers:
+            return
+        running = self._copies.get((key, dst))
+        if running is not None:
+            await asyncio.shield(running)
+            return
+        done = asyncio.get_running_loop().create_future()
+        self._copies[(key, dst)] = done
+        try:
+            await self._copy_once(entry, src, dst, extra)
+        finally:
+            del self._copies[(key, dst)]
+            done.set_result(None)
+
+    async def _copy_once(self, entry: Entry, src: str, dst: str,
+                         extra: Container[Hashable]) -> None:
+        key = entry.key
+        parent = entry.meta.parent_hash
+        if parent is not None and self.index.get_hash(key.namespace, parent) is None:
+            return  # its prefix is gone from every tier: no lookup can reach it there
+        self._in_flight[key] += 1
+        try:
+            payload = await self.tiers[src].get(key)
+            await self.make_room(dst, entry.meta.size, extra)
+            await self.tiers[dst].put(entry.meta, payload)
+            # The source bytes must match their checksum (a mapped tier's may have been
+            # overwritten by a client, or changed under the copy): a corrupt source is
+            # dropped, never copied on or served.
+            if xxhash.xxh3_64_intdigest(payload) != entry.meta.checksum:
+                await self.tiers[dst].delete(key)
+                await self.drop_corrupt(key, src, f"while being copied to {dst!r}")
+                raise DataCorruption(f"{key} is corrupt in {src!r}; dropped")
+            if self.index.get(key) is not entry:
+                await self.tiers[dst].delete(key)  # deleted while we copied: keep it deleted
+                return
+            self._stored(entry.meta, dst)
+            self.stats.moved_bytes[(src, dst)] += entry.meta.size
+        finally:
+            self._in_flight[key] -= 1
+            if self._in_flight[key] <= 0:
+                del self._in_flight[key]
+
+    async def _drop(self, key: BlockKey, tier_name: str) -> None:
+        """Forget ``key`` in a tier and free its bytes, unless a reader or a copy still
+        holds them: then they are freed once let go (:meth:`free_deferred`), so a slot
+        is never reused under a lease."""
+        self.index.remove_location(key, tier_name)
+        self.policy.on_remove(key, tier_name)
+        self.events.block_removed((key,), self._medium[tier_name])
+        if self.is_protected(key):
+            self._deferred_free.setdefault(key, set()).add(tier_name)
+        else:
+            await self.tiers[tier_name].delete(key)
+
+    async def drop_corrupt(self, key: BlockKey, tier_name: str, where: str) -> None:
+        self.stats.corrupt_reads += 1
+        log.error("corrupt copy of %s in %s (%s): dropped", key, tier_name, where)
+        entry = self.index.get(key)
+        if entry is not None and tier_name in entry.tiers:
+            await self._drop(key, tier_name)
+
+    async def _read(self, entry: Entry) -> bytes | None:
+        """A verified copy of the block's bytes from its fastest intact tier."""
+        for tier_name in list(entry.tiers):
+            try:
+                payload = bytes(await self.tiers[tier_name].get(entry.key))
+            except DataCorruption as exc:
+                await self.drop_corrupt(entry.key, tier_name, str(exc))
+                continue
+            except BlockNotFound:
+                await self._drop(entry.key, tier_name)
+                continue
+            if (tier_name in self._mapped
+                    and xxhash.xxh3_64_intdigest(payload) != entry.meta.checksum):
+                await self.drop_corrupt(entry.key, tier_name, "checksum mismatch on read")
+                continue
+            return payload
+        return None
+
+    # -- background transfers -------------------------------------------------------------
+    async def run_transfer(self, t: Transfer) -> None:
+        """Execute one mover transfer, re-checking state (things change while queued)."""
+        entry = self.index.get(t.key)
+        if entry is None or t.src not in entry.tiers:
+            return
+        if t.key in self._in_flight:
+            return  # already being copied (a demotion or promotion does the same work)
+        if not t.keep_src and t.key in self.leases.pins:
+            return  # being read: a move away would pull it from under the reader
+        if t.dst is not None and t.dst not in entry.tiers:
+            await self.copy(entry, t.src, t.dst, t.protect)
+        if not t.keep_src and self.index.get(t.key) is not None:
+            await self._drop(t.key, t.src)
+
+    def _schedule(self, moves: Sequence[Move], reason: str) -> int:
+        """Queue the policy's moves. A drop (``dst=None``) drops every copy: with
+        write-back a block may sit in several tiers, and the policy sees the fastest.
+        A move up (a prefetch) keeps the slower copy, as write-back would make it."""
+        n = 0
+        rank = self._rank
+        for m in moves:
+            if not isinstance(m.key, BlockKey):
+                continue
+            entry = self.index.get(m.key)
+            srcs = list(entry.tiers) if (m.dst is None and entry is not None) else [m.src]
+            for src in srcs:
+                up = m.dst is not None and rank.get(m.dst, len(rank)) < rank.get(src, -1)
+                n += self.mover.submit(Transfer(m.key, src, m.dst, keep_src=up, reason=reason))
+        return n
+
+    def _after_store(self, entry: Entry) -> None:
+        """Write-back: queue a copy of a new block where the policy would demote it
+        (the next slower tier by default), so an eviction later is a drop; and the
+        write-through to a shared tier, if there is one."""
+        if self.shared is not None:
+            self.shared.after_store(entry)
+        if self.write_back:
+            src = entry.tiers[0]
+            dst = self.policy.demote_to(entry.key, src, self.clock())
+            if dst is not None:
+                self.mover.submit(Transfer(entry.key, src, dst, keep_src=True,
+                                           reason="write-back"))

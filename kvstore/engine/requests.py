@@ -1,0 +1,101 @@
+"""Requests in flight: repeated lookups counted once, admission plans kept per key.
+
+vLLM asks the connector for a waiting request's hit again on every step it
+cannot schedule it; the engine passes a request to the policy once, the first
+time its ``request_id`` is looked up, and answers the repeats from the index
+without counting them again. A request ends with its turn-end hint, or after
+``ttl_s``.
+
+The policy's plan for a request (which tier each missing key may enter) is kept
+per key until the key is stored or the plan expires, so requests that
+interleave (lookup A, lookup B, put A) keep their own admissions. Memory is
+bounded: at most ``max_open`` requests and ``max_planned`` keys, oldest first out.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["OpenRequest", "Requests", "UNPLANNED"]
+
+#: ``admission()`` of a key no plan covers.
+UNPLANNED = "\0unplanned"
+
+
+@dataclass(slots=True)
+class OpenRequest:
+    namespace: str
+    keys: Sequence[Hashable]
+    session: str  # scoped
+    workload: str
+    started: float
+
+
+class Requests:
+    def __init__(self, ttl_s: float = 600.0, max_open: int = 100_000,
+                 max_planned: int = 2_000_000) -> None:
+        self.ttl_s = ttl_s
+        self.max_open = max_open
+        self.max_planned = max_planned
+        self._open: OrderedDict[str, OpenRequest] = OrderedDict()
+        #: key -> (tier or None = refused, plan expiry), oldest first
+        self._plans: dict[Hashable, tuple[str | None, float]] = {}
+
+    # -- requests -------------------------------------------------------------------
+    def get(self, request_id: str) -> OpenRequest | None:
+        return self._open.get(request_id) if request_id else None
+
+    def open(self, request_id: str, req: OpenRequest) -> None:
+        if not request_id:
+            return
+        self._open[request_id] = req
+        self._open.move_to_end(request_id)
+        self._expire_open(req.started)
+
+    def close(self, request_id: str) -> OpenRequest | None:
+        return self._open.pop(request_id, None) if request_id else None
+
+    def _expire_open(self, now: float) -> None:
+        opened = self._open
+        while opened:
+            rid, r = next(iter(opened.items()))
+            if len(opened) <= self.max_open and now - r.started <= self.ttl_s:
+                return
+            del opened[rid]
+
+    # -- admission plans --------------------------------------------------------------
+    def plan(self, keys: Sequence[Hashable], admit: Mapping[Hashable, str],
+             missing: Sequence[bool], now: float) -> None:
+        """Remember the plan for the request's missing keys (refusals too)."""
+        plans = self._plans
+        until = now + self.ttl_s
+        get = admit.get
+        pop = plans.pop
+        for k, miss in zip(keys, missing, strict=True):
+            if miss:
+                pop(k, None)  # re-inserted: the newest plan is the last one out
+                plans[k] = (get(k), until)
+        if len(plans) > self.max_planned:
+            for k in list(plans)[: len(plans) - self.max_planned]:
+                del plans[k]
+
+    def admission(self, key: Hashable, now: float) -> str | None:
+        """The planned tier of ``key`` (None: refused); :data:`UNPLANNED` if no live
+        plan covers it. The plan is used up."""
+        p = self._plans.pop(key, None)
+        if p is None or p[1] < now:
+            return UNPLANNED
+        return p[0]
+
+    def planned(self, key: Hashable, now: float) -> str | None:
+        """The planned tier of ``key`` (None: refused or not planned), left in place."""
+        p = self._plans.get(key)
+        return p[0] if p is not None and p[1] >= now else None
+
+    def forget(self, key: Hashable) -> None:
+        self._plans.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._open)
