@@ -135,12 +135,23 @@ class DramConfig:
 class DiskConfig:
     enabled: bool = True
     capacity: int = 10 * 2**30
-    #: Block files directory; default: <data_dir>/disk.
+    #: Segment files directory; default: <data_dir>/disk.
     path: str = ""
+    #: Size of one segment file; 0 = capacity / 64 as a power of two, 4 MiB to 1 GiB.
+    segment_size: int = 0
+    #: Write and read records with O_DIRECT where the filesystem supports it.
+    direct_io: bool = True
 
     def validate(self) -> None:
         if self.enabled and self.capacity <= 0:
             raise ConfigError("disk.capacity: must be > 0 when disk.enabled")
+        if self.segment_size and not (
+            1 << 20 <= self.segment_size <= 1 << 40 and self.segment_size % 4096 == 0
+        ):
+            raise ConfigError(
+                f"disk.segment_size: expected 0 (automatic) or a multiple of 4 KiB between "
+                f"1 MiB and 1 TiB, got {self.segment_size}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +305,8 @@ class Config:
         return self
 
 
-_SIZE_FIELDS = {"capacity", "max_block_bytes", "max_message_bytes", "chunk_bytes"}
+_SIZE_FIELDS = {"capacity", "max_block_bytes", "max_message_bytes", "chunk_bytes",
+                "segment_size"}
 _SECTIONS = {"server": ServerConfig, "dram": DramConfig, "disk": DiskConfig,
              "engine": EngineConfig, "redis": RedisConfig}
 

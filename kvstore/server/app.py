@@ -44,7 +44,9 @@ def build_tiers(cfg: Config) -> list[Tier]:
     if cfg.disk.enabled:
         from kvstore.tiers.disk import DiskTier
 
-        tiers.append(DiskTier(cfg.disk_path, cfg.disk.capacity, name="disk"))
+        tiers.append(DiskTier(cfg.disk_path, cfg.disk.capacity, name="disk",
+                              segment_bytes=cfg.disk.segment_size,
+                              direct_io=cfg.disk.direct_io))
     if cfg.redis.enabled:  # shared between hosts: the last stop before a drop
         from kvstore.tiers.redis import RedisTier
 

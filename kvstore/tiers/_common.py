@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Sequence
+from typing import TypeVar, cast
+
 from kvstore.errors import BlockTooLargeForTier, InvalidBlock, TierFull
 from kvstore.types import BlockMeta
 
-__all__ = ["as_bytes_view", "check_put", "check_size", "tier_full"]
+__all__ = ["as_bytes_view", "check_put", "check_size", "gather_all", "tier_full"]
+
+_T = TypeVar("_T")
 
 
 def as_bytes_view(payload: bytes | bytearray | memoryview) -> memoryview:
@@ -47,3 +53,12 @@ def tier_full(name: str, size: int, used: int, capacity: int, why: str = "") -> 
         f"tier {name!r} has no room for {size} bytes now: {used} of {capacity} bytes used"
         f"{detail}; evict first"
     )
+
+
+async def gather_all(aws: Sequence[Awaitable[_T]]) -> list[_T]:
+    """Run all to completion; then raise the first failure, if any."""
+    results = await asyncio.gather(*aws, return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return cast(list[_T], results)

@@ -1,4 +1,4 @@
-"""The DRAM tier: slab slots in one preallocated, pre-faulted shared-memory segment.
+"""The DRAM tier: slots in one preallocated, pre-faulted shared-memory segment.
 
 Co-located clients map the segment (:func:`kvstore.tiers.shm.attach_segment`)
 and move bytes without protobuf: the server reserves a slot, the client writes
@@ -6,9 +6,11 @@ it, the server commits it under a key; reads go the same way by :meth:`locate`.
 
 Capacity is enforced exactly in payload bytes: ``used_bytes`` is the sum of
 the sizes of stored and reserved blocks and never exceeds ``capacity_bytes``.
-The segment is larger than the capacity by the allocator's overhead (64-byte
-slot rounding, slab tails; ~1/15 by default), and a put needs both payload room
-and a free slot, which :meth:`can_fit` checks.
+Slots come from a TLSF allocator (:mod:`kvstore.tiers.tlsf`): any mix of block
+sizes, 64-byte granules, O(1) allocate and free, free neighbours coalesced. The
+segment is larger than the capacity by 1/64 (slot rounding and the fragmentation
+that churn with mixed sizes leaves), and a put needs both payload room and a free
+range, which :meth:`can_fit` checks.
 
 ``get`` returns a read-only memoryview of the slot (zero-copy): it stays valid
 until the block is deleted or replaced, so the engine copies it or holds a
@@ -31,15 +33,14 @@ from kvstore.errors import (
 from kvstore.tiers._common import as_bytes_view, check_put, check_size, tier_full
 from kvstore.tiers.base import Slot, Tier
 from kvstore.tiers.shm import create_segment, destroy_segment, segment_name
-from kvstore.tiers.slab import Allocation, SlabAllocator
+from kvstore.tiers.tlsf import Allocation, TlsfAllocator
 from kvstore.types import BlockKey, BlockMeta, Medium
 
-__all__ = ["DEFAULT_PAGE_BYTES", "DramTier", "default_page_bytes"]
+__all__ = ["DramTier", "default_pool_bytes"]
 
-DEFAULT_PAGE_BYTES = 16 << 20
-#: Slack added to the capacity when sizing the segment (slot rounding, slab tails).
-_OVERHEAD = 1 / 15
-
+#: Slack added to the capacity when sizing the segment (granule rounding, fragmentation).
+_OVERHEAD = 1 / 64
+_MIN_SLACK = 64 << 10
 
 
 def _new_slot_id() -> int:
@@ -47,12 +48,10 @@ def _new_slot_id() -> int:
     return secrets.randbits(63) or 1
 
 
-def default_page_bytes(capacity_bytes: int) -> int:
-    """A power of two near capacity/64, between 64 KiB and 16 MiB."""
-    page = 64 << 10
-    while page < DEFAULT_PAGE_BYTES and page * 64 < capacity_bytes:
-        page *= 2
-    return page
+def default_pool_bytes(capacity_bytes: int) -> int:
+    """Segment size for a tier of ``capacity_bytes``: capacity + 1/64 (at least 64 KiB)."""
+    slack = max(int(capacity_bytes * _OVERHEAD), _MIN_SLACK)
+    return -(-(capacity_bytes + slack) // 4096) * 4096
 
 
 @dataclass(slots=True)
@@ -65,9 +64,7 @@ class _Entry:
 class DramTier(Tier):
     """Tier and :class:`~kvstore.tiers.base.SlotTier` over one shared-memory segment.
 
-    ``page_bytes``: slab page size (default :func:`default_page_bytes`: 16 MiB for
-    pools of 1 GiB and more, smaller for small tiers). ``pool_bytes``: segment size;
-    default ``capacity * 16/15`` rounded up to pages, plus four pages.
+    ``pool_bytes``: segment size; default :func:`default_pool_bytes` (capacity + 1/64).
     """
 
     medium = Medium.CPU
@@ -78,7 +75,6 @@ class DramTier(Tier):
         name: str = "dram",
         segment_prefix: str = "kvstore",
         *,
-        page_bytes: int | None = None,
         pool_bytes: int | None = None,
         prefault: bool = True,
     ):
@@ -91,12 +87,10 @@ class DramTier(Tier):
             )
         self.name = name
         self._capacity = capacity_bytes
-        if page_bytes is None:
-            page_bytes = default_page_bytes(capacity_bytes)
         if pool_bytes is None:
-            pool_bytes = capacity_bytes + int(capacity_bytes * _OVERHEAD) + 4 * page_bytes
-        pool_bytes = -(-pool_bytes // page_bytes) * page_bytes
-        self._alloc = SlabAllocator(pool_bytes, page_bytes)
+            pool_bytes = default_pool_bytes(capacity_bytes)
+        self._alloc = TlsfAllocator(pool_bytes)
+        pool_bytes = self._alloc.pool_bytes
         self._shm = create_segment(segment_name(segment_prefix, 0), pool_bytes, prefault=prefault)
         self._segment = self._shm.name
         self._buf: memoryview | None = self._shm.buf
@@ -135,7 +129,9 @@ class DramTier(Tier):
             old, freed = None, 0
             alloc = self._alloc.alloc(size)
         if alloc is None:
-            raise tier_full(self.name, size, self._used, self._capacity, "no free slab slot")
+            raise tier_full(
+                self.name, size, self._used, self._capacity, "no free range large enough"
+            )
         buf[alloc.offset : alloc.offset + size] = view
         if old is not None:
             self._drop(meta.key)
@@ -175,7 +171,9 @@ class DramTier(Tier):
             raise tier_full(self.name, size, self._used, self._capacity)
         alloc = self._alloc.alloc(size)
         if alloc is None:
-            raise tier_full(self.name, size, self._used, self._capacity, "no free slab slot")
+            raise tier_full(
+                self.name, size, self._used, self._capacity, "no free range large enough"
+            )
         slot = Slot(self._fresh_id(), self._segment, alloc.offset, size)
         self._reserved[slot.slot_id] = self._slots[slot.slot_id] = _Entry(slot, alloc)
         self._used += size

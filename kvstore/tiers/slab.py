@@ -1,5 +1,10 @@
 """A memcached-style slab allocator over one contiguous pool of fixed-size pages.
 
+The DRAM tier's previous allocator, kept as the measured alternative of
+``python -m kvstore.tiers.bench alloc`` (the tier now uses :mod:`kvstore.tiers.tlsf`):
+with mixed block sizes every distinct size pins pages of its own, so a pool of
+16-256 KiB blocks is ~4% usable.
+
 * Slot sizes are the requested sizes rounded up to 64 bytes; each distinct slot
   size gets its own size class, created on first use.
 * A size class carves slabs out of page runs: a slab is ``m`` consecutive pages

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -41,6 +43,25 @@ def test_acknowledged_blocks_on_disk_survive_kill9(server_process, tmp_path):
         assert [g.payload if g else None for g in got] == [b.payload for b in blocks]
 
 
+def _on_disk(root: Path) -> tuple[list[bytes], Path, int, Path, int]:
+    """Open the disk tier offline, as a restart would: (hashes of the blocks it
+    recovered, and where the first and last of them lie: segment file, offset)."""
+    from kvstore.tiers.disk import DiskTier
+    from kvstore.tiers.diskindex import offset_of, seg_of
+
+    async def run() -> tuple[list[bytes], Path, int, Path, int]:
+        tier = DiskTier(root, 1 << 30)
+        metas = await tier.recover()
+        locs = sorted(tier._map.values(), key=lambda v: (seg_of(v), offset_of(v)))
+        await tier.close()
+        first, last = locs[0], locs[-1]
+        return ([m.key.block_hash for m in metas],
+                root / f"{seg_of(first):016x}.seg", offset_of(first),
+                root / f"{seg_of(last):016x}.seg", offset_of(last))
+
+    return asyncio.run(run())
+
+
 def test_kill9_mid_write_serves_nothing_half_written(server_process, tmp_path):
     data = tmp_path / "data"
     srv = server_process(data_dir=data)
@@ -49,22 +70,22 @@ def test_kill9_mid_write_serves_nothing_half_written(server_process, tmp_path):
         c.put("m", blocks)  # acknowledged in DRAM; write-back to disk in flight
     srv.kill9()
 
-    files = sorted(p for p in (data / "disk").rglob("*") if p.is_file()
-                   and not p.name.endswith(".tmp"))
-    assert files, "some blocks should have reached disk before the kill"
-    # Damage two files the way a failing disk would: truncate one, flip a byte in another.
-    truncated, flipped = files[0], files[-1]
-    truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size // 2])
-    raw = bytearray(flipped.read_bytes())
-    raw[-100] ^= 0xFF
-    flipped.write_bytes(bytes(raw))
+    # Format 2: damage records inside the segments the way a failing disk would: flip a
+    # payload byte of one record, cut the segment holding another in the middle of it.
+    on_disk, flip_seg, flip_at, cut_seg, cut_at = _on_disk(data / "disk")
+    assert len(on_disk) >= 3, "some blocks should have reached disk before the kill"
+    with open(flip_seg, "r+b") as f:
+        f.seek(flip_at + 8192)
+        byte = f.read(1)
+        f.seek(flip_at + 8192)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.truncate(cut_seg, cut_at + 5000)
 
     srv2 = server_process(data_dir=data, port=srv.port)
     with KVStoreClient(srv2.address) as c:
         got = c.get("m", [b.block_hash for b in blocks])
     served = [(g, b) for g, b in zip(got, blocks, strict=True) if g is not None]
-    assert served, "blocks that reached disk are served again"
     assert all(g.payload == b.payload for g, b in served), "a served block differs"
-    assert len(served) <= len(files) - 2, "the damaged files must not be served"
+    assert len(served) == len(on_disk) - 2, "every intact block, and no damaged one, is served"
     leftovers = list(Path(data / "disk").rglob("*.tmp"))
     assert leftovers == [], f"temp files left after recovery: {leftovers}"

@@ -15,9 +15,8 @@ from kvstore.tiers.dram import DramTier
 from kvstore.tiers.memory import MemoryTier
 from kvstore.types import BlockKey, BlockMeta, Workload
 
-#: Small tiers keep the suite fast: 1 MiB of payload, 256 KiB DRAM slab pages.
+#: Small tiers keep the suite fast: 1 MiB of payload.
 CAPACITY = 1 << 20
-PAGE = 256 << 10
 
 
 def key(i: int, namespace: str = "model-a") -> BlockKey:
@@ -53,7 +52,7 @@ def make_tier(kind: str, capacity: int, tmp_path: Path) -> Tier:
     if kind == "memory":
         return MemoryTier(capacity)
     if kind == "dram":
-        return DramTier(capacity, segment_prefix="kvtest", page_bytes=PAGE)
+        return DramTier(capacity, segment_prefix="kvtest")
     if kind == "disk":
         return DiskTier(tmp_path / "disk", capacity)
     raise ValueError(kind)
@@ -98,7 +97,7 @@ async def tier(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
 
 @pytest.fixture
 async def dram() -> AsyncIterator[DramTier]:
-    t = DramTier(CAPACITY, segment_prefix="kvtest", page_bytes=PAGE)
+    t = DramTier(CAPACITY, segment_prefix="kvtest")
     try:
         yield t
     finally:

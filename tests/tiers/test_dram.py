@@ -1,4 +1,4 @@
-"""DRAM tier specifics: slots, descriptors, the slab allocator, cross-process mapping."""
+"""DRAM tier specifics: slots, descriptors, mixed sizes, cross-process mapping."""
 
 from __future__ import annotations
 
@@ -22,9 +22,8 @@ from kvstore.errors import (
 from kvstore.tiers.base import Slot, SlotTier
 from kvstore.tiers.dram import DramTier
 from kvstore.tiers.shm import create_segment, destroy_segment, segment_name
-from kvstore.tiers.slab import SlabAllocator
 
-from .conftest import CAPACITY, PAGE, block, key, meta_for, payload
+from .conftest import CAPACITY, block, key, meta_for, payload
 
 SHM = Path("/dev/shm")
 
@@ -111,35 +110,23 @@ def test_descriptor_checks(dram: DramTier) -> None:
         dram.view(Slot(1, segment, size - 10, 64))
 
 
-async def test_pages_return_to_the_pool_and_classes_mix(dram: DramTier) -> None:
-    free = dram._alloc.free_pages
-    sizes = [64, 100, 4096, PAGE - 1, PAGE + 1, PAGE * 3 // 2]  # small, odd, page-sized, multi-page
+async def test_ranges_return_to_the_pool_and_sizes_mix(dram: DramTier) -> None:
+    page = 256 << 10
+    free = dram._alloc.free_bytes
+    sizes = [64, 100, 4096, page - 1, page + 1, page * 3 // 2]  # small, odd, multi-page
     for i, size in enumerate(sizes):
         await dram.put(*block(i, size))
     for i, size in enumerate(sizes):
         assert bytes(await dram.get(key(i))) == payload(i, size)
-    assert dram._alloc.free_pages < free
+    assert dram._alloc.free_bytes < free
     assert await dram.delete_many([key(i) for i in range(len(sizes))]) == len(sizes)
-    assert dram._alloc.free_pages == free
+    assert dram._alloc.free_bytes == free and dram._alloc.free_ranges == 1  # all coalesced
     with pytest.raises(BlockNotFound):
         dram.locate(key(0))
 
 
-def test_allocator_coalesces_and_reuses_pages() -> None:
-    alloc = SlabAllocator(8 * PAGE, PAGE)
-    big = [alloc.alloc(2 * PAGE) for _ in range(4)]
-    assert all(a is not None for a in big) and alloc.alloc(1) is None
-    assert not alloc.can_alloc(PAGE)
-    for a in big[1:3]:
-        assert a is not None
-        alloc.free(a)
-    assert alloc.can_alloc(4 * PAGE)  # two freed neighbours coalesced
-    four = alloc.alloc(4 * PAGE)
-    assert four is not None and four.offset == 2 * PAGE
-
-
 async def test_close_unlinks_even_with_live_views(tmp_path: Path) -> None:
-    tier = DramTier(CAPACITY, segment_prefix="kvtest", page_bytes=PAGE)
+    tier = DramTier(CAPACITY, segment_prefix="kvtest")
     [(segment, _)] = tier.segments()
     meta, data = block(1, 1000)
     await tier.put(meta, data)
@@ -200,11 +187,11 @@ def test_plain_attach_would_unlink_the_owners_segment() -> None:
         destroy_segment(shm)
 
 
-async def test_default_page_size_keeps_small_tiers_small() -> None:
+async def test_default_pool_keeps_small_tiers_small() -> None:
     tier = DramTier(CAPACITY, segment_prefix="kvtest")
     try:
         [(_, size)] = tier.segments()
-        assert size < 2 * CAPACITY
+        assert CAPACITY < size <= CAPACITY + (64 << 10) + 4096
         await tier.put(*block(1, CAPACITY))
     finally:
         await tier.close()

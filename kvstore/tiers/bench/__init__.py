@@ -1,0 +1,34 @@
+"""Tier benchmarks, each next to its raw baseline measured in the same run.
+
+    python -m kvstore.tiers.bench dram     [--block-mib 1] [--blocks 256] [--repeats 5]
+    python -m kvstore.tiers.bench disk     [--block-mib 1] [--blocks 256] [--dir DIR]
+    python -m kvstore.tiers.bench alloc    [--pool-mib 256]
+    python -m kvstore.tiers.bench restart  [--blocks 1000000] [--dir DIR]
+    python -m kvstore.tiers.bench crash    [--iterations 50]
+
+Timings only, no assertions: tests assert behaviour, these measure it. Each
+subcommand's ``-h`` says what it prints.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+__all__ = ["main"]
+
+COMMANDS = {
+    "dram": "kvstore.tiers.bench.dram",
+    "disk": "kvstore.tiers.bench.disk",
+    "alloc": "kvstore.tiers.bench.alloc",
+    "restart": "kvstore.tiers.bench.restart",
+    "crash": "kvstore.tiers.torture",
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] not in COMMANDS:
+        print(__doc__)
+        sys.exit(0 if args and args[0] in ("-h", "--help") else 2)
+    importlib.import_module(COMMANDS[args[0]]).main(args[1:])

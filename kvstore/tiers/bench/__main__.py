@@ -1,0 +1,3 @@
+from kvstore.tiers.bench import main
+
+main()
