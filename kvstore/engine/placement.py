@@ -27,7 +27,7 @@ from kvstore.errors import BlockNotFound, DataCorruption, TierFull
 from kvstore.events import EventSink
 from kvstore.policies import Move, Policy
 from kvstore.tiers._common import check_size
-from kvstore.tiers.base import SlotTier, Tier
+from kvstore.tiers.base import PersistentTier, SlotTier, Tier
 from kvstore.types import BlockKey, BlockMeta, Medium
 
 if TYPE_CHECKING:
@@ -85,6 +85,10 @@ class Placement:
         #: read from them is checked against the block's checksum.
         self._mapped = {name for name, t in self.tiers.items()
                         if isinstance(t.unwrap(), SlotTier)}
+        #: Tiers that survive a restart: a block is copied there only after its prefix,
+        #: so what a restart finds is reachable (no chain with a hole above it).
+        self._persistent = {name for name, t in self.tiers.items()
+                            if isinstance(t.unwrap(), PersistentTier)}
         #: Hooks for a tier other hosts share (kvstore.engine.shared), set by the server.
         self.shared: SharedPrefix | None = None
 
@@ -198,8 +202,14 @@ class Placement:
                          extra: Container[Hashable]) -> None:
         key = entry.key
         parent = entry.meta.parent_hash
-        if parent is not None and self.index.get_hash(key.namespace, parent) is None:
-            return  # its prefix is gone from every tier: no lookup can reach it there
+        if parent is not None:
+            above = self.index.get_hash(key.namespace, parent)
+            if above is None:
+                return  # its prefix is gone from every tier: no lookup can reach it there
+            if dst in self._persistent and dst not in above.tiers:
+                await self._copy_prefix(above, dst, extra)
+                if dst not in above.tiers:
+                    return  # the prefix could not be made durable: neither is this block
         self._in_flight[key] += 1
         try:
             payload = await self.tiers[src].get(key)
@@ -221,6 +231,21 @@ class Placement:
             self._in_flight[key] -= 1
             if self._in_flight[key] <= 0:
                 del self._in_flight[key]
+
+    async def _copy_prefix(self, entry: Entry, dst: str, extra: Container[Hashable]) -> None:
+        """Copy ``entry`` and its ancestors missing from ``dst`` there, oldest first."""
+        chain = [entry]
+        seen = {id(entry)}
+        ns = entry.key.namespace
+        while (parent := chain[-1].meta.parent_hash) is not None:
+            above = self.index.get_hash(ns, parent)
+            if above is None or dst in above.tiers or id(above) in seen:
+                break
+            chain.append(above)
+            seen.add(id(above))
+        for e in reversed(chain):
+            if dst not in e.tiers and e.tiers:
+                await self.copy(e, e.tiers[0], dst, extra)
 
     async def _drop(self, key: BlockKey, tier_name: str) -> None:
         """Forget ``key`` in a tier and free its bytes, unless a reader or a copy still
