@@ -5,7 +5,8 @@ caching is a *session's* prefix, and what decides its worth is when the session
 sends again. Every session is waiting on something: a tool it called, its
 user, nothing any more (it ended), or, without hints, just waiting. Per class
 of wait (workload, what it waits on and which tool, how many turns the session
-had so far) the policy learns online when sessions come back
+had so far, how fast it came back last time) the policy learns online when
+sessions come back
 (:class:`~kvstore.policies.returns.ReturnTimes`); it never sees the future.
 
 A session's *value* is the share of sessions of its class, having waited as
@@ -58,6 +59,7 @@ _MAX_TOOLS = 32
 
 
 def _turns(n: int) -> int:
+    """Bucket of how many requests the session made: 1, 2-3, 4+."""
     return 0 if n <= 1 else 1 if n <= 3 else 2
 
 
@@ -66,9 +68,6 @@ def _gap(gap: float | None) -> int:
     return 0 if gap is None else 1 if gap < 60 else 2 if gap < 240 else 3
 
 
-def _length(blocks: int) -> int:
-    """Request length bucket: 1-2, 3-7, 8-31, 32+ blocks."""
-    return 0 if blocks < 3 else 1 if blocks < 8 else 2 if blocks < 32 else 3
 
 
 @dataclass(slots=True)
@@ -78,9 +77,8 @@ class _Session:
     tool: str = ""
     since: float = 0.0
     turns: int = 0
-    length: int = 0  # bucket of its last request's length
     last_gap: int = 0  # bucket of its last return gap
-    cls: tuple[str, str, str, int, int, int] = ("", _IDLE, "", 0, 0, 0)
+    cls: tuple[str, str, str, int, int] = ("", _IDLE, "", 0, 0)
     #: the wait counts toward learning (a real wait, not one a hint replaced at once)
     learning: bool = False
     gap: float | None = None  # a hint's expected gap, when the client gave one
@@ -95,6 +93,7 @@ class WorkloadPolicy(Policy):
         super().__init__(tiers)
         self.cost = cost or CostModel()
         self.window_s = window_s
+        self._vcache: dict[tuple[Hashable, int], float] = {}
         self.margin = margin
         self.keep_gap_s = keep_gap_s
         self.max_sessions = max_sessions
@@ -135,12 +134,14 @@ class WorkloadPolicy(Policy):
         if s.learning and s.wait == _IDLE and wait != _IDLE:
             self.returns.cancel(s.cls)  # a hint says what this wait really is
         s.wait, s.tool, s.since, s.gap = wait, tool, now, gap
-        s.cls = (s.workload, wait, tool, _turns(s.turns), s.length, s.last_gap)
+        s.cls = self._cls(s, wait, tool)
         s.learning = wait not in ("end", "back")
         if s.learning:
             self.returns.start(s.cls)
-        for tr in self._t.values():
-            tr.reclass(name, s.cls)
+
+    @staticmethod
+    def _cls(s: _Session, wait: str, tool: str) -> tuple[str, str, str, int, int]:
+        return (s.workload, wait, tool, _turns(s.turns), s.last_gap)
 
     def _value(self, name: str) -> float:
         s = self._sessions.get(name)
@@ -158,26 +159,31 @@ class WorkloadPolicy(Policy):
             left = s.gap - e
             return 1.0 if 0.0 <= left <= self.window_s else (
                 self.window_s / left if left > 0 else 0.05)
-        return self.returns.rate(s.cls, e, self.window_s)
+        return self._score(s.cls, e)
+
+    def _score(self, cls: Hashable, e: float) -> float:
+        q = int(e) if e < 60 else 60 + int(e - 60) // 10 if e < 660 else 120 + int(e) // 60
+        key = (cls, q)
+        v = self._vcache.get(key)
+        if v is None:
+            v = self._vcache[key] = self.returns.rate(cls, e, self.window_s)
+        return v
 
     def _newcomer(self, s: _Session) -> float:
         """Value of a session whose request is in flight: what its next wait is worth
         at its start, weighed by what usually follows a request of its workload."""
         follows = self.follows.get(s.workload)
-        turns = _turns(s.turns)
         if not follows:
-            return self.returns.rate((s.workload, _IDLE, "", turns, s.length, s.last_gap),
-                                     0.0, self.window_s)
+            return self._score(self._cls(s, _IDLE, ""), 0.0)
         total = sum(follows.values())
         return sum(n / total * (0.0 if w == "end" else
-                                self.returns.rate((s.workload, w, "?" if w == "tool" else "",
-                                                   turns, s.length, s.last_gap), 0.0,
-                                                  self.window_s))
+                                self._score(self._cls(s, w, "?" if w == "tool" else ""), 0.0))
                    for w, n in follows.items())
 
     # -- requests -----------------------------------------------------------------------
     def on_request(self, req: RequestInfo, now: float) -> Plan:
         self._now = now
+        self._vcache.clear()
         if req.worth:
             self._worth = tuple(req.worth)
         name = req.session_id
@@ -189,12 +195,11 @@ class WorkloadPolicy(Policy):
             if s.wait == _IDLE:
                 self.follows.setdefault(s.workload, Counter())[_IDLE] += 1
         s.turns += 1
-        s.length = _length(len(req.keys))
         self._wait(name, s, _IDLE, "", now)
         keys, hit = req.keys, req.hit_tiers
         for j, (k, t) in enumerate(zip(keys, hit, strict=True)):
             if t is not None:
-                self._t[t].claim(k, name, s.cls, j)
+                self._t[t].claim(k, name, j)
         missing = [j for j, t in enumerate(hit) if t is None]
         if missing and missing[-1] == len(keys) - 1 and 0 < req.last_tokens < req.block_tokens:
             missing.pop()  # a partial last block: the next turn rewrites it
@@ -268,20 +273,14 @@ class WorkloadPolicy(Policy):
         if info.key in tr:
             return
         name = info.session_id
-        s = self._sessions.get(name)
-        cls = s.cls if s is not None else ("", "end", "", 0, 0, 0)
         pos = 0
-        for other in self._t.values():  # a copy keeps its chain position
+        for other in self._t.values():  # a copy keeps its chain position and owner
             p = other.pos.get(info.key)
             if p is not None:
                 pos = p
-                owner = other.owner.get(info.key)
-                if owner is not None:
-                    name = owner
-                    s = self._sessions.get(name)
-                    cls = s.cls if s is not None else cls
+                name = other.owner.get(info.key, name)
                 break
-        tr.add(info.key, info.parent, info.size, name, cls, pos)
+        tr.add(info.key, info.parent, info.size, name, pos)
 
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         self._now = now
