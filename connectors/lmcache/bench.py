@@ -17,19 +17,21 @@ is the backend). A store counts until the backend holds every chunk (LMCache's `
 returns before remote puts end; :class:`~.cpu_kv.PutTracker` sees them end). It prints
 GB/s over the whole phase and per-chunk latency (a request's latency over its chunks,
 p50/p99 over requests), and the ratios the plugin is judged by. Retrieved bytes are
-checked against the stored ones.
+checked against the stored ones. Everything runs ``--rounds`` times, the backends taking
+turns, and each figure is its best round (the machine this was written on is shared).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -149,7 +151,8 @@ def _level(writer: Any, reader: Any, tracker: Any, shape: Shape, threads: int,
 
 
 def run_backend(backend: str, config: dict[str, Any], shape: Shape, levels: list[int],
-                requests: int, clear: Callable[[Any, list[Any]], None]) -> dict[int, Any]:
+                requests: int, clear: Callable[[Any, list[Any]], None],
+                rnd: int = 0) -> dict[int, Any]:
     import torch
     from kvstore.connectors.lmcache.cpu_kv import PutTracker, destroy_engine, make_engine
 
@@ -167,7 +170,8 @@ def run_backend(backend: str, config: dict[str, Any], shape: Shape, levels: list
     try:
         for level, threads in enumerate(levels):
             prompts = [torch.randint(0, 30000, (tokens_n,),
-                                     generator=torch.Generator().manual_seed(level * 10**6 + i))
+                                     generator=torch.Generator().manual_seed(
+                                         rnd * 10**8 + level * 10**6 + i))
                        for i in range(requests)]
             res = _level(writer, reader, tracker, shape, threads, prompts, kv_pool)
             if backend == "kvstore":
@@ -231,28 +235,48 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
+def _best(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per backend and level, the best round's store and (separately) retrieve figures:
+    the machine is shared, so the best round is the one least disturbed."""
+    best: dict[str, Any] = {}
+    for rnd in rounds:
+        for backend, levels in rnd.items():
+            for conc, res in levels.items():
+                cell = best.setdefault(backend, {}).setdefault(conc, dict(res))
+                for phase in ("store", "retrieve"):
+                    if res[phase]["gbps"] > cell[phase]["gbps"]:
+                        cell[phase] = res[phase]
+                cell["bytes_equal"] = cell["bytes_equal"] and res["bytes_equal"]
+    return best
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from kvstore.bench import _server
 
     shape = Shape(args.layers, args.kv_heads, args.head_size, args.chunk_size, args.chunks)
     levels = [int(c) for c in args.concurrency.split(",")]
     per_level = shape.chunk_bytes * shape.chunks * args.requests
-    pool_gb = round(per_level * 1.5 / 2**30 + 0.25, 2)
+    backends = args.backends.split(",")
     out: dict[str, Any] = {"shape": asdict(shape), "chunk_bytes": shape.chunk_bytes,
                            "requests": args.requests, "concurrency": levels,
-                           "memcpy_gbps": _memcpy_gbps(256 * 2**20), "backends": {}}
-    for backend in args.backends.split(","):
-        if backend == "redis":
-            server = nullcontext(args.redis_url) if args.redis_url else _redis_server()
-        elif backend == "kvstore":
-            server = _server(f"{per_level * 3 // 2 // 2**20 + 64}MiB")
-        else:
-            server = nullcontext("")
-        with server as where:
-            clear = _clearer(backend, where)
-            config = lmcache_config(backend, shape, pool_gb, where, where)
-            out["backends"][backend] = run_backend(backend, config, shape, levels,
-                                                   args.requests, clear)
+                           "rounds": [], "memcpy_gbps": _memcpy_gbps(256 * 2**20)}
+    with ExitStack() as stack:
+        where = {"local_cpu": ""}
+        if "redis" in backends:
+            where["redis"] = args.redis_url or stack.enter_context(_redis_server())
+        if "kvstore" in backends:
+            where["kvstore"] = stack.enter_context(_server(f"{per_level * 3 // 2**21 + 64}MiB"))
+        for rnd in range(args.rounds):  # rounds alternate backends: load changes over time
+            results: dict[str, Any] = {}
+            for backend in backends:
+                # the local backend holds a level's data; the others only what is in flight
+                pool = per_level * (1.5 if backend == "local_cpu" else 0.75) / 2**30 + 0.25
+                config = lmcache_config(backend, shape, round(pool, 2), where[backend],
+                                        where[backend])
+                results[backend] = run_backend(backend, config, shape, levels, args.requests,
+                                               _clearer(backend, where[backend]), rnd)
+            out["rounds"].append(results)
+    out["backends"] = _best(out["rounds"])
     return out
 
 
@@ -276,7 +300,8 @@ def _clearer(backend: str, where: str) -> Callable[[Any, list[Any]], None]:
 
 def _print(r: dict[str, Any]) -> None:
     print(f"chunk {r['chunk_bytes'] / 2**20:.1f} MiB ({r['shape']}), {r['requests']} requests "
-          f"per level; memcpy (256 MiB, numpy) here: {r['memcpy_gbps']:.1f} GB/s")
+          f"per level, best of {len(r['rounds'])} rounds; memcpy (256 MiB, numpy) here: "
+          f"{r['memcpy_gbps']:.1f} GB/s")
     print(f"{'backend':<10} {'conc':>4} | {'store GB/s':>10} {'p50 ms':>7} {'p99 ms':>7} | "
           f"{'retr GB/s':>9} {'p50 ms':>7} {'p99 ms':>7} | ok")
     for name, levels in r["backends"].items():
@@ -311,9 +336,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-size", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="repeat everything; report each figure's best round")
     p.add_argument("--redis-url", default="", help="an existing Redis (default: start one)")
     p.add_argument("--json", default="", help="write the results here too")
     args = p.parse_args(argv)
+    os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
     results = run(args)
     _print(results)
     if args.json:

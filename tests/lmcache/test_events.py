@@ -39,10 +39,14 @@ def _replay(endpoint: str) -> list[bytes]:
         sock.close(0)
 
 
+def _stored_events(payloads: list[bytes], medium: str) -> list[wire.BlockStored]:
+    return [e for p in payloads for e in wire.decode_batch(p).events
+            if isinstance(e, wire.BlockStored) and e.medium == medium]
+
+
 def _stored(payloads: list[bytes], medium: str) -> set[int]:
-    return {h for p in payloads for e in wire.decode_batch(p).events
-            if isinstance(e, wire.BlockStored) and e.medium == medium
-            for h in e.block_hashes if isinstance(h, int)}
+    return {h for e in _stored_events(payloads, medium) for h in e.block_hashes
+            if isinstance(h, int)}
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +79,10 @@ def test_events_carry_lmcache_chunk_hashes(stored_through_lmcache: Any) -> None:
     payloads, chunk_hashes = stored_through_lmcache
     assert len(chunk_hashes) == 4
     assert _stored(payloads, "CPU") == set(chunk_hashes)  # the shared-memory tier
+    # LMCache hands remote backends no tokens and no chain: the events say so plainly.
+    for event in _stored_events(payloads, "CPU"):
+        assert event.token_ids == [] and event.block_size == 0
+        assert event.parent_block_hash is None
 
 
 def test_events_decode_with_vllm_classes(stored_through_lmcache: Any, vllm_python: str) -> None:
