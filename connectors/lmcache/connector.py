@@ -233,5 +233,10 @@ class KVStoreRemoteConnector(RemoteConnector):
         return False
 
     async def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=False)
+        """Let puts in flight end (for up to ``timeout_s``), then close the link."""
+        ended = asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown, True)
+        try:
+            await asyncio.wait_for(ended, self.settings.timeout_s)
+        except TimeoutError:
+            logger.warning("kvstore plugin closed with transfers still running")
         self.link.close()
