@@ -4,7 +4,8 @@ Reads one JSON command per line on stdin and answers one JSON line on the origin
 stdout (LMCache's own output goes to stderr). Commands::
 
     {"op": "engine", "name": str, "address": str, "local_cpu": bool, "tenant": str,
-     "timeout_s": float, "retry_interval_s": float}
+     "timeout_s": float, "retry_interval_s": float, "settings": {more plugin settings}}
+        -> {"backends", "connected_remotes"}   (remote backends with a connector)
     {"op": "store", "name": str, "prompt": int, "kv_seed": int, "salt": str}
         -> {"seconds", "chunks", "chunk_hashes", "flushed"}   (waits for the puts)
     {"op": "retrieve", "name": str, "prompt": int, "kv_seed": int, "salt": str}
@@ -60,14 +61,14 @@ def main() -> None:
                 prefix + "tenant": cmd.get("tenant", "default"),
                 prefix + "timeout_s": cmd.get("timeout_s", 2.0),
                 prefix + "retry_interval_s": cmd.get("retry_interval_s", 2.0),
+                **{prefix + k: v for k, v in cmd.get("settings", {}).items()},
             },
         }
         eng, _ = make_engine(config, num_layers=LAYERS, num_kv_heads=HEADS, head_size=HEAD_SIZE)
         tracker = PutTracker(eng)
-        if tracker.tracked != 1:
-            raise RuntimeError(f"expected one remote backend, found {tracker.tracked}")
         engines[cmd["name"]] = (eng, tracker, float(cmd.get("timeout_s", 2.0)))
-        return {"backends": list(eng.storage_manager.storage_backends)}
+        return {"backends": list(eng.storage_manager.storage_backends),
+                "connected_remotes": tracker.tracked}
 
     def store(cmd: dict[str, Any]) -> dict[str, Any]:
         eng, tracker, timeout = engines[cmd["name"]]

@@ -24,7 +24,18 @@ CHUNKS = 4
 
 
 def _engine(driver: Driver, name: str, address: str, **args: Any) -> None:
-    driver.call("engine", name=name, address=address, **args)
+    out = driver.call("engine", name=name, address=address, **args)
+    assert out["connected_remotes"] == 1, out  # LMCache built the plugin's connector
+
+
+def test_a_bad_setting_leaves_lmcache_running_without_the_plugin(server: Any,
+                                                                 driver: Driver) -> None:
+    out = driver.call("engine", name="bad", address=server.address, local_cpu=True,
+                      settings={"adress": server.address})
+    assert "RemoteBackend-kvstore" in out["backends"] and out["connected_remotes"] == 0
+    assert "unknown setting 'adress'" in driver.log_tail(200_000)  # LMCache logged why
+    _store(driver, "bad", prompt=1, kv_seed=11)
+    assert _retrieve(driver, "bad", 1, kv_seed=11)["hit_tokens"] == TOKENS  # its own cache
 
 
 def _store(driver: Driver, name: str, prompt: int, kv_seed: int, salt: str = "") -> dict[str, Any]:
