@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Regenerate the committed gRPC stubs from proto/ (grpcio-tools 1.78.x: its code
-# imports under protobuf 6.x and 7.x).
+# Regenerate the committed gRPC stubs from proto/ (grpcio-tools 1.78.0, the test extra's
+# pin: its code imports under protobuf 6.x and 7.x, and under grpcio 1.78.0, which
+# LMCache 0.5.6 pins; a newer generator would demand a newer grpcio).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=kvstore/_proto

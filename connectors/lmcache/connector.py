@@ -1,0 +1,242 @@
+"""``KVStoreRemoteConnector``: the LMCache ``RemoteConnector`` whose chunks live in the
+kvstore sidecar. Imports LMCache (and so torch); loaded through :mod:`.adapter`.
+
+What LMCache calls and what it gets:
+
+* ``batched_contains`` / ``batched_async_contains`` / ``exists``: one ``Lookup`` per
+  run of keys of one namespace; the length of the consecutive stored prefix.
+* ``batched_put`` / ``put``: the chunk bytes as they are (``MemoryObj.byte_array``),
+  written into the sidecar's shared memory when co-located, streamed over gRPC
+  otherwise. No header: the namespace fingerprints the full chunk's layout and a
+  partial chunk's token count follows from its size.
+* ``batched_get`` / ``batched_get_non_blocking`` / ``get``: each payload is copied
+  once, from the sidecar's slot (under its read lease) into a ``MemoryObj`` allocated
+  from LMCache's own allocator for exactly that many tokens.
+* ``remove_sync``: ``Delete``; ``list``: ``[]`` (the sidecar lists namespaces, not keys).
+
+Fail open: every call goes through :class:`~.link.FailOpenLink` and is bounded by
+``timeout_s``; the bytes move on the plugin's own threads, so LMCache's event loop is
+never blocked. Memory objects a late thread still holds are released when it ends.
+Ping is not offered: a ping error would make LMCache's health monitor stop all of
+LMCache (its default fallback is to recompute), while the plugin already answers
+misses for as long as the sidecar is away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+from kvstore.connectors.lmcache.config import PluginConfig
+from kvstore.connectors.lmcache.keys import ChunkLayout, KeyMapper
+from kvstore.connectors.lmcache.link import FailOpenLink
+from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
+
+from kvstore.types import BlockData
+
+__all__ = ["KVStoreRemoteConnector", "layout_of"]
+
+logger = logging.getLogger("kvstore.connectors.lmcache")
+T = TypeVar("T")
+
+
+def layout_of(metadata: Any, fmt: Any) -> ChunkLayout:
+    """The full chunk's layout from LMCache's metadata and memory format."""
+    return ChunkLayout(
+        shapes=tuple(tuple(int(d) for d in s) for s in metadata.get_shapes()),
+        dtypes=tuple(str(d).removeprefix("torch.") for d in metadata.get_dtypes()),
+        fmt=str(getattr(fmt, "name", fmt)),
+        chunk_size=int(metadata.chunk_size),
+    )
+
+
+def _release(objs: Any) -> None:
+    for obj in objs:
+        if obj is not None:
+            obj.ref_count_down()
+
+
+class KVStoreRemoteConnector(RemoteConnector):
+    def __init__(self, settings: PluginConfig, config: Any, metadata: Any,
+                 local_cpu_backend: Any, *, link: FailOpenLink | None = None) -> None:
+        super().__init__(config, metadata)  # meta_shapes, meta_fmt, single_token_size
+        self.settings = settings
+        self._metadata = metadata
+        self._allocator = local_cpu_backend
+        self.keys = KeyMapper(settings.tenant, layout_of(metadata, self.meta_fmt))
+        self.link = link or FailOpenLink(settings.address, settings.timeout_s,
+                                         settings.retry_interval_s)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            settings.threads, thread_name_prefix="kvstore-lmcache")
+        self._workload = settings.workload
+
+    def __repr__(self) -> str:
+        return f"<KVStoreRemoteConnector {self.settings.address} tenant={self.settings.tenant}>"
+
+    # -- running blocking calls off LMCache's loop, bounded by timeout_s ----------
+    async def _bounded(self, fn: Callable[[], T], default: T, what: str,
+                       on_late: Callable[[T], None] | None = None) -> T:
+        """``fn()`` on the plugin's threads; ``default`` if it takes over ``timeout_s``.
+        A late result is handed to ``on_late`` (to release what it holds)."""
+        future = self._pool.submit(fn)
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)),
+                                          self.settings.timeout_s)
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            if on_late is not None:
+                future.add_done_callback(
+                    lambda f: on_late(f.result()) if f.exception() is None else None)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            logger.warning("kvstore %s took over %.1f s: treated as a miss", what,
+                           self.settings.timeout_s)
+            return default
+
+    # -- contains -------------------------------------------------------------------
+    def _contains(self, keys: Sequence[Any]) -> int:
+        hit = 0
+        for ns, run in self.keys.runs(keys):
+            hashes = [self.keys.block_hash(keys[i]) for i in run]
+            n = self.link.call("lookup", lambda c, ns=ns, hashes=hashes: int(
+                c.lookup(ns, hashes, workload=self._workload).num_hit), 0)
+            hit += n
+            if n < len(run):
+                break
+        return hit
+
+    def support_batched_contains(self) -> bool:
+        return True
+
+    def batched_contains(self, keys: list[Any]) -> int:
+        return self._contains(keys)
+
+    def support_batched_async_contains(self) -> bool:
+        return True
+
+    async def batched_async_contains(self, lookup_id: str, keys: list[Any],
+                                     pin: bool = False) -> int:
+        return await self._bounded(lambda: self._contains(keys), 0, "lookup")
+
+    async def exists(self, key: Any) -> bool:
+        return await self.batched_async_contains("", [key]) == 1
+
+    def exists_sync(self, key: Any) -> bool:
+        return self._contains([key]) == 1
+
+    # -- put ------------------------------------------------------------------------
+    def _put(self, keys: Sequence[Any], objs: Sequence[Any]) -> int:
+        stored = 0
+        try:
+            for ns, run in self.keys.runs(keys):
+                blocks = [BlockData(self.keys.block_hash(keys[i]), None, (),
+                                    memoryview(objs[i].byte_array).cast("B")) for i in run]
+                stored += self.link.call("put", lambda c, ns=ns, blocks=blocks: int(
+                    c.put(ns, blocks, workload=self._workload)), 0)
+        finally:
+            _release(objs)  # the references batched_put took for this thread
+        return stored
+
+    def support_batched_put(self) -> bool:
+        return True
+
+    async def batched_put(self, keys: list[Any], memory_objs: list[Any]) -> None:
+        """Store chunks. LMCache drops its own references when this returns, so the
+        thread that copies holds one of its own until it is done."""
+        for obj in memory_objs:
+            obj.ref_count_up()
+        await self._bounded(lambda: self._put(keys, memory_objs), 0, "put")
+
+    async def put(self, key: Any, memory_obj: Any) -> None:
+        await self.batched_put([key], [memory_obj])
+
+    # -- get ------------------------------------------------------------------------
+    def _allocate(self, nbytes: int) -> Any:
+        """A memory object for a payload of ``nbytes``, or None (not ours, no memory)."""
+        tokens, rest = divmod(nbytes, self.single_token_size)
+        if rest or not 0 < tokens <= self._metadata.chunk_size:
+            logger.warning("kvstore returned %d bytes, not a whole number of tokens of %d "
+                           "bytes (up to %d): treated as a miss", nbytes,
+                           self.single_token_size, self._metadata.chunk_size)
+            return None
+        obj = self._allocator.allocate(self._metadata.get_shapes(tokens),
+                                       self._metadata.get_dtypes(), self.meta_fmt,
+                                       busy_loop=False)
+        if obj is not None and obj.get_size() != nbytes:
+            obj.ref_count_down()
+            return None
+        return obj
+
+    def _get(self, keys: Sequence[Any]) -> list[Any]:
+        out: list[Any] = [None] * len(keys)
+        for ns, run in self.keys.runs(keys):
+            got: dict[int, Any] = {}
+
+            def sink(j: int, payload: bytes | bytearray | memoryview,
+                     got: dict[int, Any] = got) -> int:
+                try:
+                    obj = got.get(j)
+                    if obj is None:
+                        obj = self._allocate(len(payload))
+                        if obj is None:
+                            return 0
+                        got[j] = obj
+                    np.copyto(np.frombuffer(obj.byte_array, dtype=np.uint8),
+                              np.frombuffer(payload, dtype=np.uint8))
+                    return len(payload)
+                except Exception:  # ours, not the sidecar's: this chunk is a miss
+                    logger.exception("copying a kvstore chunk into LMCache memory failed")
+                    return 0
+
+            hashes = [self.keys.block_hash(keys[i]) for i in run]
+            sizes: list[int] | None = self.link.call(
+                "get", lambda c, ns=ns, hashes=hashes, sink=sink: c.get_each(ns, hashes, sink),
+                None)
+            for j, size in enumerate(sizes or ()):
+                if size:
+                    out[run[j]] = got.pop(j)
+            _release(got.values())
+        return out
+
+    def support_batched_get(self) -> bool:
+        return True
+
+    async def batched_get(self, keys: list[Any]) -> list[Any]:
+        return await self._bounded(lambda: self._get(keys), [None] * len(keys), "get",
+                                   on_late=_release)
+
+    async def get(self, key: Any) -> Any:
+        return (await self.batched_get([key]))[0]
+
+    def support_batched_get_non_blocking(self) -> bool:
+        return True
+
+    async def batched_get_non_blocking(self, lookup_id: str, keys: list[Any]) -> list[Any]:
+        """The consecutive prefix of chunks found; the rest is released."""
+        objs = await self.batched_get(keys)
+        n = next((i for i, obj in enumerate(objs) if obj is None), len(objs))
+        _release(objs[n:])
+        return objs[:n]
+
+    # -- the rest -------------------------------------------------------------------
+    def remove_sync(self, key: Any) -> bool:
+        ns, h = self.keys.namespace(key), self.keys.block_hash(key)
+        return bool(self.link.call("delete", lambda c: c.delete(ns, [h]) > 0, False))
+
+    async def list(self) -> list[str]:
+        return []
+
+    def support_ping(self) -> bool:
+        return False
+
+    async def close(self) -> None:
+        """Let puts in flight end (for up to ``timeout_s``), then close the link."""
+        ended = asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown, True)
+        try:
+            await asyncio.wait_for(ended, self.settings.timeout_s)
+        except TimeoutError:
+            logger.warning("kvstore plugin closed with transfers still running")
+        self.link.close()

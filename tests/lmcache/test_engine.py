@@ -1,0 +1,151 @@
+"""Real ``LMCacheEngine`` s (lmcache 0.5.6, CPU tensors, in the LMCache venv) store and
+retrieve through the plugin against a real sidecar (in-process, or ``kvstore serve``).
+
+Each prompt is 4 chunks of 256 tokens; an engine with ``local_cpu`` off keeps nothing
+itself, so every hit it reports came from the sidecar.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from kvstore import KVStoreClient
+
+from .conftest import Driver
+
+pytestmark = pytest.mark.slow
+
+TOKENS = 1024
+CHUNKS = 4
+
+
+def _engine(driver: Driver, name: str, address: str, **args: Any) -> None:
+    out = driver.call("engine", name=name, address=address, **args)
+    assert out["connected_remotes"] == 1, out  # LMCache built the plugin's connector
+
+
+def test_a_bad_setting_leaves_lmcache_running_without_the_plugin(server: Any,
+                                                                 driver: Driver) -> None:
+    out = driver.call("engine", name="bad", address=server.address, local_cpu=True,
+                      settings={"adress": server.address})
+    assert "RemoteBackend-kvstore" in out["backends"] and out["connected_remotes"] == 0
+    assert "unknown setting 'adress'" in driver.log_tail(200_000)  # LMCache logged why
+    _store(driver, "bad", prompt=1, kv_seed=11)
+    assert _retrieve(driver, "bad", 1, kv_seed=11)["hit_tokens"] == TOKENS  # its own cache
+
+
+def _store(driver: Driver, name: str, prompt: int, kv_seed: int, salt: str = "") -> dict[str, Any]:
+    out = driver.call("store", name=name, prompt=prompt, kv_seed=kv_seed, salt=salt)
+    assert out["flushed"], "the puts LMCache fired did not end"
+    assert out["chunks"] == CHUNKS
+    return out
+
+
+def _retrieve(driver: Driver, name: str, prompt: int, kv_seed: int,
+              salt: str = "") -> dict[str, Any]:
+    out = driver.call("retrieve", name=name, prompt=prompt, kv_seed=kv_seed, salt=salt)
+    assert out["equal"], f"retrieved bytes differ from the stored ones: {out}"
+    return out
+
+
+def test_a_fresh_engine_retrieves_every_chunk_with_identical_bytes(server: Any,
+                                                                     driver: Driver) -> None:
+    _engine(driver, "a", server.address)
+    _store(driver, "a", prompt=1, kv_seed=11)
+    with KVStoreClient(server.address, shared_memory=False) as c:
+        st = c.stats()
+    assert st.blocks == CHUNKS and st.namespaces == 1
+    assert st.tier("dram").used_bytes == CHUNKS * 2 * 4 * 256 * 128 * 2  # KV_2LTD bf16
+
+    _engine(driver, "b", server.address)  # fresh, keeps nothing locally
+    out = _retrieve(driver, "b", prompt=1, kv_seed=11)
+    assert out["hit_tokens"] == TOKENS
+    assert driver.call("link", name="b")["shared_memory"] is True  # co-located: shm plane
+    assert _retrieve(driver, "b", prompt=2, kv_seed=11)["hit_tokens"] == 0  # never stored
+
+
+def test_cache_salts_and_tenants_never_see_each_others_chunks(server: Any,
+                                                              driver: Driver) -> None:
+    # The same tokens under two salts, with different KV: each salt reads its own.
+    _engine(driver, "alice", server.address)
+    _engine(driver, "bob", server.address)
+    _store(driver, "alice", prompt=1, kv_seed=11, salt="alice")
+    _store(driver, "bob", prompt=1, kv_seed=22, salt="bob")
+    with KVStoreClient(server.address, shared_memory=False) as c:
+        st = c.stats()
+    assert st.namespaces == 2 and st.blocks == 2 * CHUNKS
+
+    _engine(driver, "reader", server.address)
+    assert _retrieve(driver, "reader", 1, kv_seed=11, salt="alice")["hit_tokens"] == TOKENS
+    assert _retrieve(driver, "reader", 1, kv_seed=22, salt="bob")["hit_tokens"] == TOKENS
+    assert _retrieve(driver, "reader", 1, kv_seed=11, salt="carol")["hit_tokens"] == 0
+    assert _retrieve(driver, "reader", 1, kv_seed=11)["hit_tokens"] == 0  # no salt
+
+    # Another tenant (plugin setting) sees neither, even with the same salt.
+    _engine(driver, "other", server.address, tenant="other")
+    assert _retrieve(driver, "other", 1, kv_seed=11, salt="alice")["hit_tokens"] == 0
+
+
+def _wait_written_back(address: str, blocks: int) -> None:
+    deadline = time.monotonic() + 30
+    with KVStoreClient(address, shared_memory=False) as c:
+        while c.stats().tier("disk").blocks < blocks:
+            assert time.monotonic() < deadline, "write-back to disk did not finish"
+            time.sleep(0.1)
+
+
+def _retrieve_until_hit(driver: Driver, name: str, prompt: int, kv_seed: int) -> dict[str, Any]:
+    """After an outage the plugin asks again once ``retry_interval_s`` has passed."""
+    deadline = time.monotonic() + 20
+    while True:
+        out = _retrieve(driver, name, prompt, kv_seed)
+        if out["hit_tokens"] == TOKENS or time.monotonic() > deadline:
+            return out
+        time.sleep(0.3)
+
+
+def test_sidecar_down_or_frozen_is_a_prompt_miss_and_hits_resume(server_process: Any,
+                                                                 driver: Driver) -> None:
+    timeout_s = 1.0
+    sidecar = server_process()
+    args = {"timeout_s": timeout_s, "retry_interval_s": 3.0}
+    _engine(driver, "writer", sidecar.address, local_cpu=True, **args)
+    _engine(driver, "reader", sidecar.address, **args)
+    _store(driver, "writer", prompt=1, kv_seed=11)
+    assert _retrieve(driver, "reader", 1, kv_seed=11)["hit_tokens"] == TOKENS
+    _wait_written_back(sidecar.address, CHUNKS)  # so it survives the kill below
+
+    # Down: connection refused. Misses at once; the engine goes on with its own cache.
+    sidecar.kill9()
+    out = _retrieve(driver, "reader", 1, kv_seed=11)
+    assert out["hit_tokens"] == 0 and out["seconds"] < timeout_s + 2
+    stored = _store(driver, "writer", prompt=2, kv_seed=12)
+    assert stored["seconds"] < timeout_s + 2
+    assert _retrieve(driver, "writer", 2, kv_seed=12)["hit_tokens"] == TOKENS  # local CPU
+    assert driver.call("link", name="reader")["up"] is False
+
+    # Back (same address, same data dir): hits resume, old chunks (from disk) and new.
+    sidecar.start()
+    assert _retrieve_until_hit(driver, "reader", 1, kv_seed=11)["hit_tokens"] == TOKENS
+    _store(driver, "writer", prompt=3, kv_seed=13)
+    assert _retrieve(driver, "reader", 3, kv_seed=13)["hit_tokens"] == TOKENS
+    link = driver.call("link", name="reader")
+    assert link["up"] is True and link["reconnects"] >= 1
+
+    # Frozen (SIGSTOP: the socket accepts, nothing answers): a miss after timeout_s.
+    assert sidecar.proc is not None
+    sidecar.proc.send_signal(signal.SIGSTOP)
+    try:
+        out = _retrieve(driver, "reader", 3, kv_seed=13)
+        assert out["hit_tokens"] == 0 and out["seconds"] < timeout_s + 2
+        out = _retrieve(driver, "reader", 3, kv_seed=13)  # breaker open: no wait at all
+        assert out["hit_tokens"] == 0 and out["seconds"] < timeout_s
+        stored = _store(driver, "writer", prompt=4, kv_seed=14)
+        assert stored["seconds"] < 2 * timeout_s + 2
+    finally:
+        sidecar.proc.send_signal(signal.SIGCONT)
+    assert _retrieve_until_hit(driver, "reader", 3, kv_seed=13)["hit_tokens"] == TOKENS
