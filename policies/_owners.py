@@ -1,10 +1,11 @@
 """Which session owns each block of a tier.
 
-A block belongs to the session that used it last (a shared prefix moves to
-whoever sent it most recently). Victims are taken session by session, least
-valuable first, each session's tail first (its chain positions, highest
-first); the children-first rule of :mod:`kvstore.policies._prefix` still
-holds across sessions.
+A block belongs to the session that used it last, or, once more than one
+session has used it (a system prompt, a RAG document, a tool schema), to a
+*pool* of shared blocks. Victims are taken group by group, least valuable
+first: a session's blocks tail first (its chain positions, highest first), a
+pool's least recently used first; the children-first rule of
+:mod:`kvstore.policies._prefix` still holds across groups.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from collections.abc import Callable, Hashable, Iterator
 
 from kvstore.policies._prefix import ChildIndex
 
-__all__ = ["TierOwners"]
+__all__ = ["POOL", "TierOwners"]
+
+#: Owner names starting with this are pools of shared blocks (LRU inside).
+POOL = "\0pool|"
 
 
 class TierOwners:
@@ -52,11 +56,12 @@ class TierOwners:
         self._disown(key)
 
     def claim(self, key: Hashable, session: str, pos: int) -> None:
-        """``session`` used ``key`` (at chain position ``pos``): it owns it now."""
+        """``session`` (or a pool) used ``key`` (at chain position ``pos``): it owns it
+        now (a pool's block becomes its most recently used)."""
         if key not in self.sizes:
             return
         self.pos[key] = pos
-        if self.owner.get(key) != session:
+        if self.owner.get(key) != session or session.startswith(POOL):
             self._disown(key)
             self._own(key, session)
 
@@ -80,6 +85,10 @@ class TierOwners:
     def blocks_of(self, session: str) -> dict[Hashable, None]:
         return self._blocks.get(session, {})
 
+    def oldest(self, pool: str) -> Hashable | None:
+        """The least recently used block of a pool."""
+        return next(iter(self._blocks.get(pool, ())), None)
+
     def worst_first(self, value: Callable[[str], float], skip: str | None = None
                     ) -> list[tuple[float, str]]:
         """(value, session) of the sessions here, lowest value first."""
@@ -89,6 +98,8 @@ class TierOwners:
         """(key, size) candidates: sessions worst first, each one's tail first."""
         pos, sizes = self.pos, self.sizes
         for _v, s in self.worst_first(value):
-            keys = sorted(self._blocks.get(s, ()), key=pos.__getitem__, reverse=True)
+            blocks = self._blocks.get(s, ())
+            keys = (list(blocks) if s.startswith(POOL)
+                    else sorted(blocks, key=pos.__getitem__, reverse=True))
             for k in keys:
                 yield k, sizes[k]

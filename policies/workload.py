@@ -27,9 +27,11 @@ call, a user turn, nothing).
 * With more than one tier, a block a tier lets go (and a new block's
   write-back copy) goes one tier down if that tier would admit it by the same
   rule, and only into tiers that beat recompute under the cost model.
-* Hints re-class a session at once. ``session_end`` drops its blocks (the
-  engine keeps those another live session still needs); a hint that the
-  session is about to send (``tool_result``, ``user``, ``session_start``)
+* Hints re-class a session at once. After ``session_end`` its blocks are worth
+  nothing: the first to go when room is needed, not dropped at once (a RAG
+  document or a batch template an ended session used is often the next
+  session's prefix); a hint that the session is about to send (``tool_result``,
+  ``user``, ``session_start``)
   prefetches its blocks into the fastest tier; a wait whose expected gap (the
   hint's, else the class's median) is longer than ``keep_gap_s`` moves its
   blocks out of the fastest tier.
@@ -41,7 +43,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Container, Hashable, Sequence
 from dataclasses import dataclass
 
-from kvstore.policies._owners import TierOwners
+from kvstore.policies._owners import POOL, TierOwners
 from kvstore.policies.base import BlockInfo, Hint, Move, Plan, Policy, RequestInfo, TierSpec
 from kvstore.policies.cost import CostModel
 from kvstore.policies.returns import ReturnTimes
@@ -106,6 +108,9 @@ class WorkloadPolicy(Policy):
             self.cost.worth_loading(t) for t in tiers)
         self._tools: dict[str, set[str]] = {}
         self._now = 0.0
+        #: key -> (session that used it last, when; "" once shared), two generations
+        self._uses: dict[Hashable, tuple[str, float]] = {}
+        self._old_uses: dict[Hashable, tuple[str, float]] = {}
 
     # -- sessions and their value -------------------------------------------------------
     def _session(self, name: str, workload: str) -> _Session:
@@ -144,10 +149,42 @@ class WorkloadPolicy(Policy):
         return (s.workload, wait, tool, _turns(s.turns), s.last_gap)
 
     def _value(self, name: str) -> float:
+        if name.startswith(POOL):
+            return self._pool_value(name)
         s = self._sessions.get(name)
         if s is None:
             return 0.0
         return self._value_of(s, self._now)
+
+    def _pool_value(self, pool: str) -> float:
+        """A pool is worth what its least recently used block is: shared blocks of the
+        workload, idle that long, come back within the window that often."""
+        for tr in self._t.values():
+            key = tr.oldest(pool)
+            if key is not None:
+                use = self._uses.get(key) or self._old_uses.get(key)
+                age = self._now - use[1] if use is not None else 1e9
+                return self._score((pool[len(POOL):], "shared", "", 0, 0), age)
+        return 0.0
+
+    def _use(self, key: Hashable, name: str, workload: str, now: float) -> bool:
+        """Record that ``name`` used ``key``; True if the key is shared (two sessions used
+        it). A shared key's reuse gaps are learned as the workload's "shared" wait."""
+        prev = self._uses.get(key)
+        if prev is None:
+            prev = self._old_uses.get(key)
+        shared = prev is not None and prev[0] != name
+        if shared:
+            cls = (workload, "shared", "", 0, 0)
+            if prev is not None and prev[0] == "":
+                self.returns.returned(cls, now - prev[1])
+            self.returns.start(cls)
+            self._uses[key] = ("", now)
+        else:
+            self._uses[key] = (name, now)
+        if len(self._uses) > self.max_sessions * 10:
+            self._old_uses, self._uses = self._uses, {}
+        return shared
 
     def _value_of(self, s: _Session, now: float) -> float:
         if s.wait == "end":
@@ -197,9 +234,11 @@ class WorkloadPolicy(Policy):
         s.turns += 1
         self._wait(name, s, _IDLE, "", now)
         keys, hit = req.keys, req.hit_tiers
+        pool = POOL + req.workload
         for j, (k, t) in enumerate(zip(keys, hit, strict=True)):
+            shared = self._use(k, name, req.workload, now)
             if t is not None:
-                self._t[t].claim(k, name, j)
+                self._t[t].claim(k, pool if shared else name, j)
         missing = [j for j, t in enumerate(hit) if t is None]
         if missing and missing[-1] == len(keys) - 1 and 0 < req.last_tokens < req.block_tokens:
             missing.pop()  # a partial last block: the next turn rewrites it
@@ -223,14 +262,15 @@ class WorkloadPolicy(Policy):
 
     def _room(self, tier: str, value: float, need: int, session: str) -> int:
         """Bytes ``tier`` can give a newcomer worth ``value``: free room plus what
-        sessions worth less than ``value / margin`` hold (up to ``need``)."""
+        sessions worth less than ``value / margin``, or nothing at all, hold (up to
+        ``need``)."""
         tr = self._t[tier]
         room = tr.capacity - tr.used
         if room >= need:
             return need
         bar = value / self.margin
         for v, other in tr.worst_first(self._value, skip=session):
-            if v >= bar:
+            if v >= bar and v > 0.0:  # what is worth nothing goes for anyone
                 break
             room += sum(tr.sizes[k] for k in tr.blocks_of(other))
             if room >= need:
@@ -250,9 +290,8 @@ class WorkloadPolicy(Policy):
             self.follows.setdefault(s.workload, Counter())[wait] += 1
         tool = self._tool(s.workload, hint.tool) if wait == "tool" else ""
         self._wait(name, s, wait, tool, now, hint.expected_gap_s)
-        if hint.event == "session_end":
-            return [Move(k, t, None) for k, t in keys]
-        if len(self.tiers) < 2:
+        if hint.event == "session_end" or len(self.tiers) < 2:
+            return []  # an ended session is worth nothing: its blocks are the first to go
             return []
         top = self.tiers[0].name
         if hint.event in _BACK:
@@ -273,6 +312,9 @@ class WorkloadPolicy(Policy):
         if info.key in tr:
             return
         name = info.session_id
+        use = self._uses.get(info.key)
+        if use is not None and use[0] == "":
+            name = POOL + info.workload
         pos = 0
         for other in self._t.values():  # a copy keeps its chain position and owner
             p = other.pos.get(info.key)

@@ -16,9 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import hypothesis  # noqa: F401  (imported now: see below)
 import pytest
 
 from kvstore.config import Config, load_config
+
+# hypothesis's pytest plugin imports hypothesis lazily, in its terminal summary, when no
+# fuzz test ran; pytest's assertion rewriting then compiles it deep in a call stack, which
+# trips a CPython 3.11.7 bug ("AST constructor recursion depth mismatch") and fails the run
+# after every test passed. Importing it here, at startup, avoids that.
 
 #: Real Redis servers and a Redis Cluster (fixtures ``redis_url``, ``redis_cluster``, ...).
 pytest_plugins = ["tests.redis_servers"]

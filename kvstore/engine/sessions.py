@@ -11,11 +11,13 @@ part is a common prefix (a system prompt) and the request starts a new session.
 So conversations that share a system prompt are never merged into one session.
 
 Every session remembers the blocks it used; a block is *needed* by every live
-session that used it. A session ends at ``session_end`` or when idle for
-``ttl_s``; the engine drops a block for a session's end only when no other live
-session still needs it. Memory is bounded: at most ``max_sessions`` sessions
-(the least recently active end first) and ``max_inferred`` remembered block
-owners per namespace (older generations are forgotten).
+session that used it, and is *shared* once two sessions have used it (a system
+prompt, a RAG document, a batch's template: the next session will likely want
+it too). A session ends at ``session_end`` or when idle for ``ttl_s``; the
+engine drops a block for a session's end only when it was never shared and no
+other live session needs it. Memory is bounded: at most ``max_sessions``
+sessions (the least recently active end first), and ``max_inferred`` remembered
+block owners per namespace and shared blocks (older generations are forgotten).
 """
 
 from __future__ import annotations
@@ -100,6 +102,10 @@ class Sessions:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         #: key -> live sessions that used it
         self._users: dict[Hashable, int] = {}
+        #: key -> the first session that used it, or None once a second one did
+        #: (two generations, so memory stays bounded)
+        self._first: dict[Hashable, str | None] = {}
+        self._old_first: dict[Hashable, str | None] = {}
         self._inferers: dict[str, _Inferer] = {}
 
     def infer(self, namespace: str, hashes: Sequence[Hashable]) -> str:
@@ -117,11 +123,19 @@ class Sessions:
         else:
             self._sessions.move_to_end(session)
         s.last = now
-        mine, users = s.keys, self._users
+        mine, users, first = s.keys, self._users, self._first
         for k in keys:
             if k not in mine:
                 mine[k] = None
                 users[k] = users.get(k, 0) + 1
+                if k in first:
+                    if first[k] != session:
+                        first[k] = None  # shared from now on
+                else:
+                    old = self._old_first.get(k, session)
+                    first[k] = None if old != session else session
+        if len(first) > self.max_inferred:
+            self._old_first, self._first = first, {}
         self.expire(now)
 
     def keys(self, session: str) -> list[Hashable]:
@@ -129,11 +143,13 @@ class Sessions:
         return list(s.keys) if s is not None else []
 
     def shared(self, key: Hashable) -> bool:
-        """True while more than one live session needs ``key``."""
-        return self._users.get(key, 0) > 1
+        """True once two sessions have used ``key``."""
+        first = self._first.get(key, self._old_first.get(key, ""))
+        return first is None
 
     def end(self, session: str) -> list[Hashable]:
-        """End a session; returns its keys no other live session needs."""
+        """End a session; returns its keys no other live session needs and no other
+        session ever used (its private blocks)."""
         s = self._sessions.pop(session, None)
         if s is None:
             return []
@@ -143,7 +159,8 @@ class Sessions:
             n = users.get(k, 0) - 1
             if n <= 0:
                 users.pop(k, None)
-                free.append(k)
+                if not self.shared(k):
+                    free.append(k)
             else:
                 users[k] = n
         return free

@@ -125,7 +125,7 @@ async def test_sessions_are_scoped_by_namespace():
         eng.hint(Hint("conv-1", "turn_end"))
 
 
-async def test_a_shared_block_is_dropped_only_when_no_live_session_needs_it():
+async def test_a_shared_block_is_never_dropped_for_a_session_end():
     eng, _ = engine(MemoryTier(256 * KiB, name="dram", medium=Medium.CPU))
     system = new_blocks(2, seed=7)  # a system prompt both conversations start with
     a = system + [NewBlock(b"\xa1" * 32, system[-1].block_hash, (1,), b"a" * 4096)]
@@ -140,7 +140,9 @@ async def test_a_shared_block_is_dropped_only_when_no_live_session_needs_it():
     assert held(eng, hashes(a)) == 2, "only a's own block went"
     eng.hint(Hint("b", "session_end"), "ns")
     await eng.mover.run_pending()
-    assert len(eng.index) == 0
+    # The prompt was used by two sessions: the next conversation will likely want it
+    # too, so a session's end leaves it to eviction.
+    assert len(eng.index) == 2 and held(eng, hashes(system)) == 2
 
 
 async def test_conversations_sharing_a_system_prompt_are_not_one_session():

@@ -73,13 +73,28 @@ def test_a_partial_last_block_is_never_stored() -> None:
     assert set(admitted) == {1, 2}
 
 
-def test_session_end_drops_and_back_hints_prefetch() -> None:
-    pol = WorkloadPolicy(THREE)
-    request(pol, [1, 2], "s", 0.0)
-    drops = pol.on_hint(Hint("s", "session_end", "chat"), [(1, "hbm"), (2, "dram")], 1.0)
-    assert {(m.key, m.src, m.dst) for m in drops} == {(1, "hbm", None), (2, "dram", None)}
-    up = pol.on_hint(Hint("t", "tool_result", "agent"), [(5, "disk"), (6, "hbm")], 2.0)
+def test_an_ended_session_goes_first_and_back_hints_prefetch() -> None:
+    pol = WorkloadPolicy(ONE)
+    now = train(pol)
+    request(pol, [1, 2, 3], "done", now)
+    request(pol, [11, 12, 13], "busy", now)
+    pol.on_hint(Hint("busy", "tool_call", "agent"), [], now)
+    assert pol.on_hint(Hint("done", "session_end", "agent"), [], now) == []
+    assert pol.evict("hbm", 3 * B, set(), now + 1) == [3, 2, 1], "worth nothing: first out"
+    three = WorkloadPolicy(THREE)
+    up = three.on_hint(Hint("t", "tool_result", "agent"), [(5, "disk"), (6, "hbm")], 2.0)
     assert {(m.key, m.src, m.dst) for m in up} == {(5, "disk", "hbm")}
+
+
+def test_blocks_several_sessions_use_are_pooled_and_outlive_an_ended_session() -> None:
+    pol = WorkloadPolicy(ONE)
+    now = train(pol)
+    request(pol, [1, 2, 3], "a", now)
+    request(pol, [1, 2, 4], "b", now + 1)  # 1, 2: a shared prompt
+    pol.on_hint(Hint("b", "session_end", "agent"), [], now + 2)
+    pol.on_hint(Hint("a", "session_end", "agent"), [], now + 2)
+    victims = pol.evict("hbm", 2 * B, set(), now + 3)
+    assert victims is not None and set(victims) == {3, 4}, "private blocks go before the pool"
 
 
 def test_a_long_user_gap_offloads_from_the_fastest_tier() -> None:
