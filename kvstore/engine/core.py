@@ -436,10 +436,12 @@ class Engine(Placement):
             except Unavailable as exc:  # e.g. the shared tier is down: not stored, no error
                 log.warning("block %s not stored in %s: %s", meta.key, tier, exc)
                 return False
-            self.geometry.observe(ns, meta.size, meta.num_tokens)
             self._after_store(entry)
             placed.append(entry)
             self.stats.bytes_in += meta.size
+        if placed:
+            last = placed[-1].meta
+            self.geometry.observe(ns, last.size, max(m.num_tokens for m in metas))
         return True
 
     async def store_copy(self, meta: BlockMeta, payload: bytes | memoryview, tier: str,

@@ -93,7 +93,10 @@ def _parse(obj: Any, where: str) -> Request:
     ids = obj.get("hash_ids")
     if not isinstance(ids, list):
         raise TraceError(f"{where}: hash_ids must be a list of integers, got {ids!r}")
-    hash_ids = tuple(_count({"hash_ids": h}, "hash_ids", where) for h in ids)
+    if ids and set(map(type, ids)) == {int} and min(ids) >= 0:
+        hash_ids = tuple(ids)  # the usual case, checked at C speed
+    else:
+        hash_ids = tuple(_count({"hash_ids": h}, "hash_ids", where) for h in ids)
     after_obj = obj.get("after")
     after = None
     if after_obj is not None:

@@ -38,13 +38,18 @@ class MemoryTier(Tier):
         return 0 < size <= self._capacity - self._used
 
     async def put(self, meta: BlockMeta, payload: bytes | memoryview) -> None:
-        view = as_bytes_view(payload)
-        size = check_put(self.name, self._capacity, meta, view)
+        if type(payload) is bytes:  # immutable: kept as it is, no copy
+            data = payload
+            size = check_put(self.name, self._capacity, meta, memoryview(data))
+        else:
+            view = as_bytes_view(payload)
+            size = check_put(self.name, self._capacity, meta, view)
+            data = view.tobytes()
         old = self._blocks.get(meta.key)
         freed = len(old) if old is not None else 0
         if self._used - freed + size > self._capacity:
             raise tier_full(self.name, size, self._used, self._capacity)
-        self._blocks[meta.key] = view.tobytes()
+        self._blocks[meta.key] = data
         self._used += size - freed
 
     async def get(self, key: BlockKey) -> bytes:
