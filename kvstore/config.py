@@ -256,7 +256,7 @@ def _parse_redis_url(url: str) -> None:
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     #: Placement / eviction policy name (see ``kvstore.policies.available()``).
-    policy: str = "lru"
+    policy: str = "workload"
     #: Copy every new block to the next slower tier in the background
     #: (write-back), so a DRAM eviction is a drop and a crash loses little.
     write_back: bool = True

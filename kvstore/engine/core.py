@@ -375,7 +375,8 @@ class Engine(Placement):
                                      max((len(b.payload) for b in fresh), default=0))
         protect = self.request_keys(namespace, [b.block_hash for b in blocks], request_id,
                                     blocks[0].parent_hash if blocks else None)
-        sid = self.meta_session(namespace, session_id, request_id)
+        sid = self.meta_session(namespace, session_id, request_id,
+                                [b.block_hash for b in blocks])
         placed: list[Entry] = []
         # Consecutive blocks bound for one tier are stored as a run: room is made once
         # for all of them (one eviction call), then each is written and indexed.
@@ -402,11 +403,11 @@ class Engine(Placement):
     async def _store_run(self, metas: list[BlockMeta], payloads: list[bytes | memoryview],
                          tier: str, protect: set[Hashable], placed: list[Entry]) -> bool:
         """Store a run of a chain's blocks in ``tier``; False once a block could not be
-        stored, or its parent is held nowhere (the rest of the chain is skipped: it would
-        extend a missing prefix).
+        stored (the rest of the chain is skipped: it would extend a missing prefix).
         When a tier cannot make room (what is left is pinned, in flight, or the
-        request's own blocks), the blocks before stay stored; if none could be,
-        TierFull is raised."""
+        request's own blocks), the rest of the run spills into the next tier; at the
+        last tier the blocks before stay stored, and if none could be, TierFull is
+        raised."""
         index = self.index
         ns = metas[0].key.namespace
         # Room for the whole run at once; if not all of it can be made, each block below
@@ -420,8 +421,6 @@ class Engine(Placement):
         for meta, payload in zip(metas, payloads, strict=True):
             if get(ns, meta.key.block_hash) is not None:
                 continue  # a concurrent put stored it meanwhile
-            if meta.parent_hash is not None and get(ns, meta.parent_hash) is None:
-                return False  # its prefix is held nowhere: no lookup could reach it
             try:
                 if room:  # made above for the whole run
                     await tier_obj.put(meta, payload)
@@ -429,6 +428,13 @@ class Engine(Placement):
                 else:
                     entry = await self._store(meta, payload, tier, protect)
             except TierFull:
+                # What is left here is pinned, in flight or this request's own blocks: the
+                # rest of the run spills into the next tier, or stops at the last one.
+                i = metas.index(meta)
+                nxt = self._rank[tier] + 1
+                if nxt < len(self.order):
+                    return await self._store_run(metas[i:], payloads[i:], self.order[nxt],
+                                                 protect, placed)
                 self.stats.puts_cut += 1
                 if not placed:
                     raise
@@ -453,13 +459,17 @@ class Engine(Placement):
         self._after_store(entry)
         return entry
 
-    def meta_session(self, namespace: str, session_id: str, request_id: str) -> str:
-        """The session a new block is recorded under (unscoped, as clients named it)."""
+    def meta_session(self, namespace: str, session_id: str, request_id: str,
+                     hashes: Sequence[bytes] = ()) -> str:
+        """The session a new block is recorded under (unscoped: as the client named it,
+        or as the engine inferred it from the request's chain)."""
         if session_id:
             return session_id
         opened = self.requests.get(request_id)
         if opened is not None:
             return opened.session.partition("|")[2]
+        if hashes:
+            return self._session(namespace, "", hashes).partition("|")[2]
         return ""
 
     def written_in_place(self, meta: BlockMeta, tier_name: str) -> Entry:

@@ -50,8 +50,9 @@ class SlotPlane:
                       owner: str = "", session_id: str = "", workload: str = "",
                       request_id: str = "") -> list[Slot | None]:
         """Slots for clients to write; ``None`` for blocks not to write: already
-        stored, or refused by the policy's plan for their request. The reservations
-        belong to ``owner`` (the caller's identity)."""
+        stored, refused by the policy's plan for their request, or bound for another
+        tier while this one has no free room to stage them. The reservations belong to
+        ``owner`` (the caller's identity)."""
         eng = self.engine
         hashes = eng.check_hashes(namespace, [h for h, _ in items], unique=True)
         wl = Workload.parse(workload).value
@@ -72,7 +73,15 @@ class SlotPlane:
                 if target is None:
                     out.append(None)
                     continue
-                await eng.make_room(self.tier.name, size, protect)
+                if target != self.tier.name:
+                    # Bound for another tier: the slot only stages its bytes, so it takes
+                    # free room and pushes nothing out of this tier (the policy did not
+                    # want the block here); without free room it is not stored this time.
+                    if not self.tier.can_fit(size):
+                        out.append(None)
+                        continue
+                else:
+                    await eng.make_room(self.tier.name, size, protect)
                 new = self.slots.reserve(size)
                 eng.leases.add_reservation(Reservation(
                     BlockKey(namespace, h), new, self.tier.name, now + eng.lease_seconds, owner,
@@ -108,6 +117,8 @@ class SlotPlane:
         now = eng.clock()
         stored = 0
         placed: list[Entry] = []
+        sid = eng.meta_session(namespace, session_id, request_id,
+                               [b.block_hash for _, b in items])
         for desc, b in items:
             r = eng.leases.take_reservation(desc.slot_id, now, owner)
             if desc != r.slot:
@@ -128,7 +139,6 @@ class SlotPlane:
                 self.slots.abort(r.slot)  # a concurrent writer won; keep the first copy
                 continue
             view = self.slots.view(r.slot)
-            sid = eng.meta_session(namespace, session_id, request_id)
             meta = new_meta(namespace, NewBlock(b.block_hash, b.parent_hash, b.token_ids, view),
                              xxhash.xxh3_64_intdigest(view), sid, wl)
             if r.target != self.tier.name and r.target is not None:

@@ -128,17 +128,19 @@ class Placement:
             victims = self.policy.evict(tier_name, need, protected, now)
             if not victims:
                 break
-            await self._evict(victims, tier_name, now)
+            await self._evict(victims, tier_name, now, extra)
             if tier.can_fit(size):
                 return
         raise TierFull(
             f"tier {tier_name!r} is full ({tier.used_bytes}/{tier.capacity_bytes} bytes) "
             f"and nothing evictable frees {size} bytes: the rest is pinned or in flight")
 
-    async def _evict(self, victims: Sequence[Hashable], tier_name: str, now: float) -> None:
+    async def _evict(self, victims: Sequence[Hashable], tier_name: str, now: float,
+                     extra: Container[Hashable] = ()) -> None:
         """Demote the victims where the policy says, parents first (so the slower tier
         announces a chain head first), then drop them here, children first (so this
-        tier's chains shrink from their ends)."""
+        tier's chains shrink from their ends). The room a demotion makes below spares
+        ``extra`` too."""
         # Victims were chosen before the awaits below: skip any that became pinned or
         # started moving since.
         keys = [k for k in victims if isinstance(k, BlockKey) and not self.is_protected(k)]
@@ -149,7 +151,7 @@ class Placement:
             dst = self.policy.demote_to(key, tier_name, now)
             if dst is not None and dst not in entry.tiers:
                 try:
-                    await self.copy(entry, tier_name, dst)
+                    await self.copy(entry, tier_name, dst, extra)
                 except Exception as exc:  # a failed demotion degrades to a drop
                     self.stats.demotions_failed += 1
                     log.debug("demotion of %s to %s failed, dropping: %s", key, dst, exc)

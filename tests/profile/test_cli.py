@@ -100,7 +100,7 @@ def test_azure_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ("hello,world\n1,2\n", "neither Mooncake JSONL"),
     ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,2\n", "TIMESTAMP 'yesterday'"),
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00,x,2\n", "not integers"),
-    ('{"timestamp": 0, "input_length": 5}\n', "bad or missing field"),
+    ('{"timestamp": 0, "input_length": 5}\n', "hash_ids must be a list"),
 ])
 def test_bad_traces(tmp_path: Path, content: str, message: str,
                     capsys: pytest.CaptureFixture[str]) -> None:

@@ -35,7 +35,9 @@ def _server_view(srv) -> dict[str, set[int]]:
 
 
 async def test_router_index_follows_the_servers_placement(server_factory):
-    srv = server_factory(dram={"capacity": "4MiB"}, disk={"capacity": "64MiB"})
+    # lru: every block enters DRAM and is written back (the placement this test follows).
+    srv = server_factory(dram={"capacity": "4MiB"}, disk={"capacity": "64MiB"},
+                         engine={"policy": "lru"})
     pub = srv.server.events.publishers[0]
     index = PrefixIndex()
     sub = PodSubscriber("pod-a", pub.endpoint, index, replay_endpoint=pub.replay_endpoint,
