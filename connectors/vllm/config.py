@@ -49,6 +49,13 @@ class ConnectorConfig:
     #: this long (the cheapest keep). 0 disables holding. While a hold is
     #: pending vLLM keeps stepping its engine loop, so keep it short.
     hold_max_ms: float = 0.0
+    #: Map the sidecar's shared memory into the worker in the background when it
+    #: connects (first touches otherwise page-fault on the data path; costs page
+    #: tables: 2 MiB per GiB of the sidecar's DRAM tier).
+    prefault: bool = True
+    #: Host threads that copy between shared memory and pinned staging and
+    #: checksum payloads, for KV caches on a GPU (the CPU backend uses one).
+    host_threads: int = 4
     #: Workload class when neither the request nor its session says.
     default_workload: str = Workload.UNKNOWN.value
 
@@ -78,6 +85,8 @@ class ConnectorConfig:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.hold_max_ms < 0:
             raise ConfigError(f"hold_max_ms must be >= 0, got {self.hold_max_ms!r}")
+        if self.host_threads < 1:
+            raise ConfigError(f"host_threads must be >= 1, got {self.host_threads!r}")
         if self.min_load_blocks < 1:
             raise ConfigError(f"min_load_blocks must be >= 1, got {self.min_load_blocks!r}")
         if not self.tenant:

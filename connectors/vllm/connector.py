@@ -21,7 +21,7 @@ from kvstore.connectors.vllm.config import ConnectorConfig, LayoutFingerprint, n
 from kvstore.connectors.vllm.metadata import KVStoreConnectorMetadata
 from kvstore.connectors.vllm.scheduler import SchedulerSide
 from kvstore.connectors.vllm.sidecar import SidecarLink
-from kvstore.connectors.vllm.worker import WorkerSide
+from kvstore.connectors.vllm.worker import WorkerSide, prefault_in_background
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -123,14 +123,28 @@ class KVStoreConnector(KVConnectorBase_V1):
         tp_rank, pp_rank = (0, 0) if role == KVConnectorRole.SCHEDULER else _ranks()
         fingerprint = fingerprint_of(vllm_config, self.config, tp_rank, pp_rank)
         self.namespace = namespace_for(fingerprint)
-        link = SidecarLink(self.config.address, self.config.timeout_s, self.config.retry_interval_s)
+        cfg = self.config
         block_size = int(vllm_config.cache_config.block_size)
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self._scheduler = SchedulerSide(self.config, link, self.namespace, block_size)
+            link = SidecarLink(cfg.address, cfg.timeout_s, cfg.retry_interval_s)
+            self._scheduler = SchedulerSide(cfg, link, self.namespace, block_size)
         else:
-            self._worker = WorkerSide(link, self.namespace, kv_cache_config.num_blocks, block_size)
+            link = SidecarLink(
+                cfg.address,
+                cfg.timeout_s,
+                cfg.retry_interval_s,
+                on_connect=prefault_in_background if cfg.prefault else None,
+            )
+            self._worker = WorkerSide(
+                link,
+                self.namespace,
+                kv_cache_config.num_blocks,
+                block_size,
+                cfg.timeout_s,
+                cfg.host_threads,
+            )
         logger.info(
             "kvstore: %s side, sidecar %s, namespace %s",
             role.name.lower(),
@@ -151,13 +165,17 @@ class KVStoreConnector(KVConnectorBase_V1):
         if self._worker is not None:
             self._worker.register_kv_caches(kv_caches)
 
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        if self._worker is not None and isinstance(kv_connector_metadata, KVStoreConnectorMetadata):
+            self._worker.handle_preemptions(kv_connector_metadata)
+
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         if self._worker is not None and self.has_connector_metadata():
             self._worker.start_load_kv(self._meta())
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if self._worker is not None:
-            self._worker.wait_for_layer_load()
+            self._worker.wait_for_layer_load(layer_name)
 
     def save_kv_layer(
         self,
@@ -166,7 +184,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         attn_metadata: AttentionMetadata,
         **kwargs: Any,
     ) -> None:
-        return  # whole blocks, all layers at once, in wait_for_save
+        return  # whole blocks, all layers at once, off the step (wait_for_save)
 
     def wait_for_save(self) -> None:
         if self._worker is not None and self.has_connector_metadata():
@@ -175,7 +193,8 @@ class KVStoreConnector(KVConnectorBase_V1):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self._worker is None:
             return None, None
-        return self._worker.get_finished(finished_req_ids), None
+        idle = self.has_connector_metadata() and self._meta().idle
+        return self._worker.get_finished(finished_req_ids, idle), None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.take_load_errors() if self._worker is not None else set()
@@ -220,4 +239,4 @@ class KVStoreConnector(KVConnectorBase_V1):
         if self._scheduler is not None:
             self._scheduler.shutdown()
         if self._worker is not None:
-            self._worker.link.close()
+            self._worker.shutdown()

@@ -1,56 +1,47 @@
 """What the scheduler side tells the workers each step, and what they report back.
 
-Plain picklable dataclasses: vLLM ships them between processes.
+Plain picklable dataclasses: vLLM ships them between processes. They subclass
+vLLM's metadata bases; where vLLM is not installed (the worker's data-path
+tests, ``scripts/gpu_check.sh`` on a torch-only GPU machine) plain stand-ins
+take their place, so the worker side runs without vLLM.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorMetadata,
-    KVConnectorWorkerMetadata,
-)
+from kvstore.connectors.vllm.plans import BlockSave, LoadPlan, SavePlan
+
+try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+        KVConnectorMetadata,
+        KVConnectorWorkerMetadata,
+    )
+except ImportError:  # no vLLM: the worker side's tests
+
+    class KVConnectorMetadata:  # type: ignore[no-redef]
+        pass
+
+    class KVConnectorWorkerMetadata:  # type: ignore[no-redef]
+        pass
 
 __all__ = ["BlockSave", "KVStoreConnectorMetadata", "LoadPlan", "SavePlan", "WorkerReport"]
-
-
-@dataclass(frozen=True, slots=True)
-class LoadPlan:
-    """Copy ``hashes[i]`` from the sidecar into engine block ``block_ids[i]``."""
-
-    req_id: str
-    hashes: tuple[bytes, ...]
-    block_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class BlockSave:
-    block_hash: bytes
-    parent_hash: bytes | None
-    token_ids: tuple[int, ...]
-    block_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class SavePlan:
-    """Blocks of one request that became full this step, to store after the forward."""
-
-    req_id: str
-    session_id: str
-    workload: str
-    blocks: tuple[BlockSave, ...]
 
 
 @dataclass
 class KVStoreConnectorMetadata(KVConnectorMetadata):
     loads: list[LoadPlan] = field(default_factory=list)
     saves: list[SavePlan] = field(default_factory=list)
-    #: Finished requests whose blocks the engine holds: req id -> hold seconds.
+    #: Finished requests whose blocks the engine keeps until the workers report
+    #: them (``get_finished``): req id -> hold seconds (0: until their saves are done).
     holds: dict[str, float] = field(default_factory=dict)
+    #: Requests preempted this step: their blocks are reused by this step's forward.
+    preempted: set[str] = field(default_factory=set)
+    #: No tokens are scheduled this step (the engine steps only to poll transfers).
+    idle: bool = False
 
     def is_empty(self) -> bool:
-        return not (self.loads or self.saves or self.holds)
+        return not (self.loads or self.saves or self.holds or self.preempted)
 
 
 @dataclass
@@ -64,6 +55,10 @@ class WorkerReport(KVConnectorWorkerMetadata):
     #: Wall time and bytes of each request's load (the slowest worker's).
     load_ms: dict[str, float] = field(default_factory=dict)
     load_bytes: dict[str, int] = field(default_factory=dict)
+    #: Wall time and bytes of the save jobs that finished this step (the slowest
+    #: worker's), whatever requests they were for.
+    save_ms: float = 0.0
+    save_bytes: int = 0
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         if not isinstance(other, WorkerReport):
@@ -84,7 +79,11 @@ class WorkerReport(KVConnectorWorkerMetadata):
             target = getattr(merged, name)
             for req_id in mine.keys() | theirs.keys():
                 target[req_id] = max(mine.get(req_id, 0), theirs.get(req_id, 0))
+        merged.save_ms = max(self.save_ms, other.save_ms)
+        merged.save_bytes = max(self.save_bytes, other.save_bytes)
         return merged
 
     def is_empty(self) -> bool:
-        return not (self.loaded or self.load_failed or self.saved or self.save_failed)
+        return not (
+            self.loaded or self.load_failed or self.saved or self.save_failed or self.save_bytes
+        )

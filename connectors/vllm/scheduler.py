@@ -8,17 +8,26 @@ simply has no external hit and the engine computes its prefix itself.
 
 Loads are synchronous (``load_kv_async=False``): vLLM then marks the step
 ``has_sync_kv_loads`` and calls ``start_load_kv`` *before* the forward that
-reads the loaded blocks (``kv_connector_model_runner_mixin``).
+reads the loaded blocks (``kv_connector_model_runner_mixin``); on a GPU the
+workers still copy layer by layer while the forward runs.
+
+Saves are asynchronous: a finished request that had blocks to save keeps its
+blocks (``request_finished`` returns True) until every worker reports its
+saves done through ``get_finished``. The request's id goes to the workers in
+the next step's metadata (``holds``, with the hold time of a held tool-call
+gap, or 0), next to the requests preempted that step. Its turn-end hint waits
+until its saves are reported, so a hint that moves or drops the session's
+blocks never races its last saves.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kvstore.connectors.vllm import threads
 from kvstore.connectors.vllm.config import ConnectorConfig
 from kvstore.connectors.vllm.metadata import (
     BlockSave,
@@ -60,6 +69,31 @@ class _Tracked:
     load_ms: float = 0.0
     load_bytes: int = 0
     hit_media: tuple[str, ...] = ()  # fastest tier of each sidecar hit block
+    saves_planned: int = 0  # blocks handed to the workers to save
+
+
+@dataclass(slots=True)
+class _PendingHint:
+    turn: TurnInfo
+    left: int  # blocks whose save is not reported yet
+
+
+@dataclass(slots=True)
+class Totals:
+    """What the workers reported since the engine started (all requests)."""
+
+    loaded_blocks: int = 0
+    load_failed_blocks: int = 0
+    saved_blocks: int = 0
+    save_failed_blocks: int = 0
+    load_ms: float = 0.0
+    load_bytes: int = 0
+    save_ms: float = 0.0
+    save_bytes: int = 0
+    preempted_requests: int = 0  # counted by the scheduler side
+
+    def as_dict(self) -> dict[str, float]:
+        return {name: round(getattr(self, name), 3) for name in self.__slots__}
 
 
 class SchedulerSide:
@@ -74,7 +108,10 @@ class SchedulerSide:
         self._reqs: dict[str, _Tracked] = {}
         self._loads: list[LoadPlan] = []
         self._holds: dict[str, float] = {}
-        self._hints = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-hints")
+        #: Finished requests whose hint waits for their saves.
+        self._hint_after_saves: dict[str, _PendingHint] = {}
+        self.totals = Totals()
+        self._hints = threads.pool(1, "kvstore-hints")
 
     # -- lookup ---------------------------------------------------------------
     def _track(self, request: Request) -> _Tracked:
@@ -146,8 +183,14 @@ class SchedulerSide:
 
     # -- per step ---------------------------------------------------------------
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVStoreConnectorMetadata:
-        meta = KVStoreConnectorMetadata(loads=self._loads, holds=self._holds)
+        meta = KVStoreConnectorMetadata(
+            loads=self._loads,
+            holds=self._holds,
+            preempted=set(getattr(scheduler_output, "preempted_req_ids", None) or ()),
+            idle=getattr(scheduler_output, "total_num_scheduled_tokens", 1) == 0,
+        )
         self._loads, self._holds = [], {}
+        self.totals.preempted_requests += len(meta.preempted)
         scheduled = scheduler_output.num_scheduled_tokens
         for new_req in scheduler_output.scheduled_new_reqs:
             tracked = self._reqs.get(new_req.req_id)
@@ -193,13 +236,28 @@ class SchedulerSide:
             for i in range(start, full)
         )
         tracked.next_save = full
+        tracked.saves_planned += len(blocks)
         turn = tracked.turn
         meta.saves.append(SavePlan(request.request_id, turn.session_id, turn.workload, blocks))
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         report = getattr(output, "kv_connector_worker_meta", None)
-        if not isinstance(report, WorkerReport):
-            return
+        if isinstance(report, WorkerReport):
+            self._take_report(report)
+        # A request reported finished has no save left anywhere: send its hint.
+        for req_id in getattr(output, "finished_sending", None) or ():
+            self._hint_now(req_id)
+
+    def _take_report(self, report: WorkerReport) -> None:
+        totals = self.totals
+        totals.loaded_blocks += sum(report.loaded.values())
+        totals.load_failed_blocks += sum(report.load_failed.values())
+        totals.saved_blocks += sum(report.saved.values())
+        totals.save_failed_blocks += sum(report.save_failed.values())
+        totals.load_ms += sum(report.load_ms.values())
+        totals.load_bytes += sum(report.load_bytes.values())
+        totals.save_ms += report.save_ms
+        totals.save_bytes += report.save_bytes
         for req_id, n in report.loaded.items():
             if req_id in self._reqs:
                 self._reqs[req_id].loaded_blocks += n
@@ -217,6 +275,18 @@ class SchedulerSide:
         for req_id, n in report.save_failed.items():
             if req_id in self._reqs:
                 self._reqs[req_id].save_failed_blocks += n
+        for counts in (report.saved, report.save_failed):
+            for req_id, n in counts.items():
+                pending = self._hint_after_saves.get(req_id)
+                if pending is not None:
+                    pending.left -= n
+                    if pending.left <= 0:
+                        self._hint_now(req_id)
+
+    def _hint_now(self, req_id: str) -> None:
+        pending = self._hint_after_saves.pop(req_id, None)
+        if pending is not None:
+            self._hints.submit(self._send_hint, pending.turn)
 
     # -- end of a turn ------------------------------------------------------------
     def request_finished(
@@ -228,11 +298,21 @@ class SchedulerSide:
             tracked = _Tracked(request=request, turn=turn)
         turn = tracked.turn
         self.sessions.turn_finished(turn, request.block_hashes)
-        if self.config.hints:
-            self._hints.submit(self._send_hint, turn)
         hold_ms = self._hold_ms(turn) if block_ids else 0.0
-        if hold_ms > 0:
+        # Blocks handed to the workers may still be in their save queues: vLLM must
+        # keep them until the workers say the saves are done.
+        saving = bool(block_ids) and tracked.saves_planned > 0
+        delay = hold_ms > 0 or saving
+        if delay:
             self._holds[request.request_id] = hold_ms / 1000.0
+        left = tracked.saves_planned - tracked.saved_blocks - tracked.save_failed_blocks
+        if self.config.hints and saving and left > 0:
+            # The hint may move or drop the session's blocks: send it once the
+            # turn's last blocks are stored (their reports, or the request's
+            # transfers reported done), so no save lands after it.
+            self._hint_after_saves[request.request_id] = _PendingHint(turn, left)
+        elif self.config.hints:
+            self._hints.submit(self._send_hint, turn)
         bs = self.block_size
         params = {
             "kvstore": {
@@ -252,9 +332,12 @@ class SchedulerSide:
                 "save_failed_blocks": tracked.save_failed_blocks,
                 "held_ms": hold_ms,
                 "sidecar_up": self.link.is_up,
+                # Everything the workers reported so far, all requests together
+                # (saves finish after their request does: read them here).
+                "totals": self.totals.as_dict(),
             }
         }
-        return hold_ms > 0, params
+        return delay, params
 
     def _hold_ms(self, turn: TurnInfo) -> float:
         gap = turn.expected_gap_ms
@@ -286,5 +369,7 @@ class SchedulerSide:
         )
 
     def shutdown(self) -> None:
+        for req_id in list(self._hint_after_saves):
+            self._hint_now(req_id)
         self._hints.shutdown(wait=True, cancel_futures=False)
         self.link.close()

@@ -5,6 +5,11 @@ use when the sidecar cannot answer (a miss, nothing stored). A failure opens
 a breaker for ``retry_interval_s``: during that time calls return the default
 at once instead of waiting for a deadline on every request, and the next call
 after it builds a fresh client (reconnects). The engine never sees an error.
+
+Calls from several threads run concurrently on one client (the worker's load
+path and its save thread share it, and with it one mapping of the sidecar's
+shared memory); only the breaker's state and the client's replacement are
+under the lock.
 """
 
 from __future__ import annotations
@@ -60,12 +65,14 @@ class SidecarLink:
         *,
         client_factory: ClientFactory | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_connect: Callable[[Any], None] | None = None,
     ) -> None:
         self.address = address
         self._timeout_s = timeout_s
         self._retry_interval_s = retry_interval_s
         self._factory = client_factory or _default_factory
         self._clock = clock
+        self._on_connect = on_connect
         self._lock = threading.Lock()
         self._client: Any = None
         self._retry_at = 0.0
@@ -87,15 +94,25 @@ class SidecarLink:
             try:
                 if self._client is None:
                     self._client = self._factory(self.address, self._timeout_s)
-                result = fn(self._client)
-            except _REQUEST_ERRORS as exc:  # this request failed; the sidecar is up
+                    if self._on_connect is not None:
+                        self._on_connect(self._client)
+            except Exception as exc:
+                self._on_failure(what, exc, now, None)
+                return default
+            client = self._client
+        try:
+            result = fn(client)
+        except _REQUEST_ERRORS as exc:  # this request failed; the sidecar is up
+            with self._lock:
                 self.stats.failures += 1
-                logger.warning("kvstore %s refused: %s: %s", what, type(exc).__name__, exc)
-                return default
-            except Exception as exc:  # down, slow or broken: fail open, recompute
-                self._on_failure(what, exc, now)
-                return default
-            if self._down_since is not None:
+            logger.warning("kvstore %s refused: %s: %s", what, type(exc).__name__, exc)
+            return default
+        except Exception as exc:  # down, slow or broken: fail open, recompute
+            with self._lock:
+                self._on_failure(what, exc, self._clock(), client)
+            return default
+        with self._lock:
+            if self._down_since is not None and self._client is client:
                 self.stats.reconnects += 1
                 logger.warning(
                     "kvstore sidecar %s is back after %.1f s (%s succeeded)",
@@ -104,10 +121,12 @@ class SidecarLink:
                     what,
                 )
                 self._down_since = None
-            return result
+        return result
 
-    def _on_failure(self, what: str, exc: Exception, now: float) -> None:
+    def _on_failure(self, what: str, exc: Exception, now: float, client: Any) -> None:
         self.stats.failures += 1
+        if client is not None and client is not self._client:
+            return  # a call on a client already replaced: that failure was counted
         self._retry_at = now + self._retry_interval_s
         if self._down_since is None:
             self._down_since = now

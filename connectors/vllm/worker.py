@@ -1,219 +1,289 @@
 """Worker side: move block bytes between vLLM's KV tensors and the sidecar.
 
-Saves: after a step's forward (``wait_for_save``) the blocks it filled are
-gathered, all layers of a block into one contiguous payload behind a checked
-header (:mod:`.payload`), and stored with one ``put`` per session. Saves are
-synchronous, so vLLM may reuse the blocks as soon as the step ends.
+Each block moves once each way, between the KV tensors and the sidecar's
+shared-memory slots, and never on the forward's critical path when it can be
+avoided:
 
-Loads: ``start_load_kv`` fetches every block the step loads with one ``get``,
-checks each payload against the namespace, the measured layout, the block
-hash and its checksum, and scatters the good prefix of each request into its
-engine blocks. Blocks it could not load are reported through
-``get_block_ids_with_load_errors``; vLLM then recomputes from the first of
-them (with ``kv_load_failure_policy="recompute"``). If a backend ever calls
-``start_load_kv`` after the forward, ``wait_for_layer_load`` (called by each
-attention layer before it reads the cache) runs the pending loads first.
+* **Saves** (:mod:`.saves`): ``wait_for_save`` hands the blocks the step
+  filled to a queue and returns. Its thread writes each block into a slot it
+  reserved (every layer's part copied once, checksummed in place, header,
+  commit). vLLM keeps a finished request's blocks until ``get_finished``
+  reports its saves done (the scheduler side returns True from
+  ``request_finished``); ``handle_preemptions`` drops the queued saves of
+  preempted requests before their blocks are reused.
+* **Loads** (:mod:`.loads`): vLLM flags steps that load (``has_sync_kv_loads``)
+  and calls ``start_load_kv`` before their forward. Host KV tensors (the CPU
+  backend) are filled from the leased slots right there; device KV tensors
+  through a pinned staging buffer, one host-to-device copy per layer on a
+  load stream and thread, and each attention layer's ``wait_for_layer_load``
+  waits only for its own layer. Blocks that fail (missing, foreign, corrupt,
+  or later than ``timeout_s``) are reported by ``get_block_ids_with_load_errors``
+  and vLLM recomputes from the first of them.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections import defaultdict
+from collections import OrderedDict
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from kvstore.connectors.vllm import threads
+from kvstore.connectors.vllm.devicekv import DeviceKV
+from kvstore.connectors.vllm.hostkv import HostKV
 from kvstore.connectors.vllm.layout import KVLayout, LayoutError
+from kvstore.connectors.vllm.loads import Checker, DirectLoad, LayerwiseLoad, LoadJob
 from kvstore.connectors.vllm.metadata import KVStoreConnectorMetadata, WorkerReport
-from kvstore.connectors.vllm.payload import (
-    HEADER_SIZE,
-    PayloadError,
-    layout_digest,
-    pack_header,
-    unpack_body,
-)
+from kvstore.connectors.vllm.payload import HEADER_SIZE, layout_digest
+from kvstore.connectors.vllm.saves import SaveJob, SaveQueue, SaveResult
 from kvstore.connectors.vllm.sidecar import SidecarLink
-
-from kvstore.types import BlockData
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["WorkerSide"]
+__all__ = ["WorkerSide", "prefault_in_background"]
 
 logger = logging.getLogger("kvstore.connectors.vllm")
 
+#: How long an idle engine step waits for a pending save before polling again.
+_IDLE_WAIT_S = 0.005
+_SAVE_LOG_LEVEL = logging.DEBUG
+_FINISHED_MEMORY = 65536
+
+
+def prefault_in_background(client: Any) -> None:
+    """Map the sidecar's shared memory into this process on a background thread, so
+    saves and loads do not pay a page fault per 4 KiB on first touch (a link's
+    ``on_connect`` hook: runs again for the new client after a reconnect)."""
+
+    def run() -> None:
+        started = time.monotonic()
+        try:
+            nbytes = client.prefault()
+        except Exception as exc:  # the data path works without it, only slower
+            logger.info("kvstore: could not prefault the shared memory: %s", exc)
+            return
+        if nbytes:
+            logger.info(
+                "kvstore: mapped %.1f GiB of the sidecar's shared memory in %.1f s",
+                nbytes / 2**30,
+                time.monotonic() - started,
+            )
+
+    threads.start(run, "kvstore-prefault")
+
 
 class WorkerSide:
-    def __init__(self, link: SidecarLink, namespace: str, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self,
+        link: SidecarLink,
+        namespace: str,
+        num_blocks: int,
+        block_size: int,
+        timeout_s: float,
+        host_threads: int = 4,
+        staged: bool | None = None,
+    ) -> None:
+        # Loads (step thread) and saves (save thread) share the link: calls run
+        # concurrently, one breaker, one mapping of the sidecar's shared memory.
         self.link = link
         self.namespace = namespace
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.timeout_s = timeout_s
+        self.host_threads = host_threads
+        #: Use the staged, layer-wise path (None: when the KV cache is not in host
+        #: memory; tests force it on host tensors).
+        self.staged = staged
         self.layout: KVLayout | None = None
+        self.kv: HostKV | DeviceKV | None = None
         self._digest = 0
-        self._pending: KVStoreConnectorMetadata | None = None
+        self._checker: Checker | None = None
+        self._saves: SaveQueue | None = None
+        self._load: LayerwiseLoad | None = None  # this step's layer-wise load
+        self._direct: LoadJob | None = None  # this step's direct load
+        self._load_meta = KVStoreConnectorMetadata()
+        self._last_load: LayerwiseLoad | None = None
         self._invalid: set[int] = set()
         self._report = WorkerReport()
-        self._holds: dict[str, float] = {}  # req id -> monotonic release time
+        self._report_lock = threading.Lock()
+        self._holds: dict[str, float] = {}  # req id -> monotonic time its hold ends
+        # Finished requests vLLM told us about (get_finished may only report those),
+        # kept a while in case their hold arrives in a later step.
+        self._finished: OrderedDict[str, None] = OrderedDict()
 
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         try:
-            self.layout = KVLayout(kv_caches, self.num_blocks)
+            layout = KVLayout(kv_caches, self.num_blocks)
         except LayoutError as exc:
             logger.error("kvstore: unsupported KV cache layout, connector disabled: %s", exc)
             return
-        self._digest = layout_digest(self.namespace, self.layout.signature)
+        self.layout = layout
+        staged = self.staged if self.staged is not None else layout.device.type != "cpu"
+        if not staged:  # the CPU backend: its cores run the model
+            self.kv = HostKV(layout)
+            self._checker = Checker(layout_digest(self.namespace, layout.signature),
+                                    layout.block_bytes)
+        else:
+            self.kv = DeviceKV(layout, self.host_threads)
+            self._checker = Checker(layout_digest(self.namespace, layout.signature),
+                                    layout.block_bytes, self.host_threads)
+        self._digest = self._checker.digest
+        self._saves = SaveQueue(self.kv, self.link, self.namespace, self._digest, self._saved)
         logger.info(
-            "kvstore: namespace %s, %d KV tensors, %d bytes per block (%s)",
+            "kvstore: namespace %s, %d KV tensors, %d bytes per block, %s path (%s)",
             self.namespace,
-            len(self.layout.layers),
-            self.layout.block_bytes,
-            self.layout.signature[:200],
+            len(layout.layers),
+            layout.block_bytes,
+            "direct host" if isinstance(self.kv, HostKV) else "staged layer-wise",
+            layout.signature[:200],
         )
 
-    # -- loads ------------------------------------------------------------------
+    # -- loads ------------------------------------------------------------------------
     def start_load_kv(self, meta: KVStoreConnectorMetadata) -> None:
-        self._holds.update((r, time.monotonic() + s) for r, s in meta.holds.items())
-        if meta.loads:
-            self._pending = meta
-            self._load_pending()
-
-    def wait_for_layer_load(self) -> None:
-        if self._pending is not None:
-            self._load_pending()
-
-    def _load_pending(self) -> None:
-        meta, self._pending = self._pending, None
-        if meta is None or not meta.loads:
+        now = time.monotonic()
+        self._holds.update((r, now + s) for r, s in meta.holds.items())
+        if not meta.loads:
             return
-        if self.layout is None:
-            for plan in meta.loads:
-                self._fail(plan.req_id, plan.block_ids)
-            return
-        started = time.perf_counter()
         hashes = [h for plan in meta.loads for h in plan.hashes]
-        found = self.link.call("get", lambda c: c.get(self.namespace, hashes), None)
-        if found is None or len(found) != len(hashes):
-            found = [None] * len(hashes)
-        layout = self.layout
-        ids: list[int] = []
-        bodies: list[memoryview] = []
-        cursor = 0
-        for plan in meta.loads:
-            good = 0
-            for block_hash, block in zip(
-                plan.hashes, found[cursor : cursor + len(plan.hashes)], strict=True
-            ):
-                body = self._check(layout, block_hash, block)
-                if body is None:
-                    break
-                bodies.append(body)
-                good += 1
-            cursor += len(plan.hashes)
-            ids.extend(plan.block_ids[:good])
-            if good:
-                self._count(self._report.loaded, plan.req_id, good)
-            if good < len(plan.block_ids):
-                self._fail(plan.req_id, plan.block_ids[good:])
-        if ids:
-            self._scatter(layout, ids, bodies)
-        elapsed = time.perf_counter() - started
-        nbytes = len(ids) * (layout.block_bytes + HEADER_SIZE)
-        for plan in meta.loads:
-            self._report.load_ms[plan.req_id] = elapsed * 1e3
-            self._report.load_bytes[plan.req_id] = len(plan.hashes) * (
-                layout.block_bytes + HEADER_SIZE
-            )
+        ids = [b for plan in meta.loads for b in plan.block_ids]
+        job = LoadJob(self.namespace, hashes, ids)
+        if self.kv is None or self._checker is None:
+            self._settle(meta, job, [False] * len(hashes))
+        elif isinstance(self.kv, HostKV):
+            DirectLoad(self.kv, self._checker, self.link).run(job)
+            self._direct, self._load_meta = job, meta  # settled after the forward
+        else:
+            load = LayerwiseLoad(self.kv, self._checker, self.link, job, self.timeout_s)
+            previous, self._last_load = self._last_load, load
+            load.start()  # its own staging buffer: the previous load may still be running
+            if previous is not None:
+                previous.release()  # its buffer back to the pool, once its copies are done
+            self._load = load
+            self._load_meta = meta
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        if self._load is not None and self.layout is not None:
+            index = self.layout.index.get(layer_name)
+            if index is not None:
+                self._load.wait_layer(index)
+
+    def _finish_load(self) -> None:
+        load, self._load = self._load, None
+        if load is not None:
+            self._settle(self._load_meta, load.job, load.finish())
+        direct, self._direct = self._direct, None
+        if direct is not None:
+            self._settle(self._load_meta, direct, direct.confirm())
+
+    def _settle(self, meta: KVStoreConnectorMetadata, job: LoadJob, ok: list[bool]) -> None:
+        """Report the good prefix of each request; the rest is recomputed."""
+        cursor = loaded = 0
+        with self._report_lock:
+            for plan in meta.loads:
+                verdicts = ok[cursor : cursor + len(plan.hashes)]
+                cursor += len(plan.hashes)
+                good = verdicts.index(False) if False in verdicts else len(verdicts)
+                loaded += good
+                if good:
+                    self._count(self._report.loaded, plan.req_id, good)
+                if good < len(plan.block_ids):
+                    self._invalid.update(plan.block_ids[good:])
+                    self._count(self._report.load_failed, plan.req_id, len(plan.block_ids) - good)
+                self._report.load_ms[plan.req_id] = job.seconds * 1e3
+                self._report.load_bytes[plan.req_id] = len(plan.hashes) * (
+                    (self.layout.block_bytes if self.layout else 0) + HEADER_SIZE
+                )
+        nbytes = loaded * ((self.layout.block_bytes if self.layout else 0) + HEADER_SIZE)
         logger.info(
             "kvstore: loaded %d/%d blocks (%d tokens, %.1f MiB) in %.1f ms (%.2f GB/s)",
-            len(ids),
-            len(hashes),
-            len(ids) * self.block_size,
+            loaded,
+            len(job.hashes),
+            loaded * self.block_size,
             nbytes / 2**20,
-            elapsed * 1e3,
-            nbytes / elapsed / 1e9 if elapsed > 0 else 0.0,
+            job.seconds * 1e3,
+            nbytes / job.seconds / 1e9 if job.seconds > 0 else 0.0,
         )
 
-    def _check(
-        self, layout: KVLayout, block_hash: bytes, block: BlockData | None
-    ) -> memoryview | None:
-        if block is None:
-            return None
-        try:
-            return unpack_body(block.payload, self._digest, block_hash, layout.block_bytes)
-        except PayloadError as exc:
-            logger.warning("kvstore: not loading block %s: %s", block_hash.hex()[:16], exc)
-            return None
+    # -- saves ------------------------------------------------------------------------
+    def handle_preemptions(self, meta: KVStoreConnectorMetadata) -> None:
+        if meta.preempted and self._saves is not None:
+            self._saves.preempted(meta.preempted)
 
-    @staticmethod
-    def _scatter(layout: KVLayout, ids: list[int], bodies: list[memoryview]) -> None:
-        import numpy as np
-        import torch
-
-        staged = torch.empty((len(ids), layout.block_bytes), dtype=torch.uint8)
-        rows = staged.numpy()
-        for i, body in enumerate(bodies):
-            rows[i] = np.frombuffer(body, dtype=np.uint8)
-        layout.scatter(ids, staged)
-
-    def _fail(self, req_id: str, block_ids: tuple[int, ...]) -> None:
-        self._invalid.update(block_ids)
-        self._count(self._report.load_failed, req_id, len(block_ids))
-
-    # -- saves ------------------------------------------------------------------
     def wait_for_save(self, meta: KVStoreConnectorMetadata) -> None:
-        if not meta.saves or self.layout is None:
-            return
-        started = time.perf_counter()
-        ids = [b.block_id for plan in meta.saves for b in plan.blocks]
-        rows = self.layout.gather(ids).numpy()
-        groups: dict[tuple[str, str], list[tuple[str, BlockData]]] = defaultdict(list)
-        row = 0
-        for plan in meta.saves:
-            for b in plan.blocks:
-                body = memoryview(rows[row])
-                row += 1
-                payload = b"".join((pack_header(self._digest, b.block_hash, body), body))
-                block = BlockData(b.block_hash, b.parent_hash, b.token_ids, payload)
-                groups[(plan.session_id, plan.workload)].append((plan.req_id, block))
-        for (session_id, workload), items in groups.items():
-            blocks = [block for _, block in items]
-            ok = self.link.call(
-                "put",
-                lambda c, blocks=blocks, s=session_id, w=workload: c.put(
-                    self.namespace, blocks, session_id=s, workload=w
-                ),
-                None,
-            )
-            counts = self._report.saved if ok is not None else self._report.save_failed
-            for req_id, _ in items:
-                self._count(counts, req_id, 1)
-        logger.debug(
-            "kvstore: saved %d blocks in %.1f ms", len(ids), (time.perf_counter() - started) * 1e3
+        self._finish_load()  # a load's outcome must be known before the step reports
+        if meta.saves and self._saves is not None:
+            self._saves.submit(meta.saves)
+
+    def _saved(self, job: SaveJob, result: SaveResult) -> None:
+        with self._report_lock:
+            for req_id, n in result.saved.items():
+                self._count(self._report.saved, req_id, n)
+            for req_id, n in result.failed.items():
+                self._count(self._report.save_failed, req_id, n)
+            self._report.save_ms += result.seconds * 1e3
+            self._report.save_bytes += result.nbytes
+        logger.log(
+            _SAVE_LOG_LEVEL,
+            "kvstore: saved %d blocks (%.1f MiB) in %.1f ms (%.2f GB/s; copies %.1f ms), %d failed",
+            sum(result.saved.values()),
+            result.nbytes / 2**20,
+            result.seconds * 1e3,
+            result.nbytes / result.seconds / 1e9 if result.seconds > 0 else 0.0,
+            result.fill_seconds * 1e3,
+            sum(result.failed.values()),
         )
 
-    # -- reporting ----------------------------------------------------------------
+    # -- reporting ----------------------------------------------------------------------
     @staticmethod
     def _count(counts: dict[str, int], req_id: str, n: int) -> None:
         counts[req_id] = counts.get(req_id, 0) + n
 
-    def get_finished(self, finished_req_ids: set[str]) -> set[str] | None:
-        """Held requests whose hold is over: vLLM may free their blocks now."""
+    def get_finished(self, finished_req_ids: set[str], idle: bool = False) -> set[str] | None:
+        """Finished requests vLLM may free now: hold over and no save pending."""
+        for req_id in finished_req_ids:
+            self._finished[req_id] = None
+        while len(self._finished) > _FINISHED_MEMORY:
+            self._finished.popitem(last=False)
         if not self._holds:
             return None
-        now = time.monotonic()
-        done = {r for r, until in self._holds.items() if until <= now}
+        done = self._ready()
+        if not done and idle and self._saves is not None:
+            # Only transfers are pending: wait a little for one rather than spin.
+            self._saves.wait_progress(_IDLE_WAIT_S)
+            done = self._ready()
         for req_id in done:
             del self._holds[req_id]
+            del self._finished[req_id]
         return done or None
+
+    def _ready(self) -> set[str]:
+        now = time.monotonic()
+        saves = self._saves
+        return {
+            r
+            for r, until in self._holds.items()
+            if until <= now and r in self._finished and (saves is None or not saves.busy(r))
+        }
 
     def take_load_errors(self) -> set[int]:
         errors, self._invalid = self._invalid, set()
         return errors
 
     def take_report(self) -> WorkerReport | None:
-        if self._report.is_empty():
-            return None
-        report, self._report = self._report, WorkerReport()
+        with self._report_lock:
+            if self._report.is_empty():
+                return None
+            report, self._report = self._report, WorkerReport()
         return report
+
+    def shutdown(self) -> None:
+        if self._saves is not None:
+            self._saves.close(self.timeout_s)
+        if self._checker is not None:
+            self._checker.close()
+        if isinstance(self.kv, DeviceKV):
+            self.kv.close()
+        self.link.close()

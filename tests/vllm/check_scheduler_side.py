@@ -206,6 +206,53 @@ def check_worker_reports_reach_the_params() -> None:
     assert kv["loaded_tokens"] == BS and kv["load_failed_tokens"] == BS and kv["load_ms"] == 3.0
 
 
+def check_saved_requests_keep_their_blocks_until_the_workers_say() -> None:
+    req = FakeRequest("r", list(range(1, 13)), {"session_id": "s"})  # 3 full blocks
+    s = side(FakeClient(set()))
+    s.get_num_new_matched_tokens(req, 0)
+    s.update_state_after_alloc(req, FakeBlocks([4, 5, 6]), 0)
+    meta = s.build_connector_meta(
+        SchedOut([NewReq("r", ([4, 5, 6],), 0)], num_scheduled_tokens={"r": 12})
+    )
+    assert [b.block_id for p in meta.saves for b in p.blocks] == [4, 5, 6]
+    assert not meta.idle
+    # Its saves may still be queued on the workers: vLLM must keep the blocks,
+    # and the turn's hint waits for them.
+    delayed, params = s.request_finished(req, [4, 5, 6])
+    assert delayed and params is not None and params["kvstore"]["held_ms"] == 0
+    s._hints.submit(lambda: None).result()
+    assert not s.link.call("x", lambda c: c.hints, None)  # nothing sent yet
+
+    @dataclass
+    class Preempting(SchedOut):
+        preempted_req_ids: set[str] = field(default_factory=lambda: {"x"})
+        total_num_scheduled_tokens: int = 0
+
+    nxt = s.build_connector_meta(Preempting())
+    assert nxt.holds == {"r": 0.0} and nxt.preempted == {"x"} and nxt.idle
+    # A request that never had anything to save is freed at once.
+    short = FakeRequest("q", [1, 2])
+    s.get_num_new_matched_tokens(short, 0)
+    assert s.request_finished(short, [9])[0] is False
+
+    class Out:
+        kv_connector_worker_meta = WorkerReport(saved={"r": 2}, save_ms=4.0, save_bytes=300)
+        finished_sending: set[str] = set()
+
+    s.update_connector_output(Out())
+    def hints_for_s() -> list[str]:
+        s._hints.submit(lambda: None).result()
+        return [h[0][1] for h in s.link.call("x", lambda c: c.hints, []) if h[0][0] == "s"]
+
+    assert hints_for_s() == []  # one block still unsaved
+    Out.kv_connector_worker_meta = WorkerReport(save_failed={"r": 1})
+    s.update_connector_output(Out())
+    assert hints_for_s() == ["turn_end"]
+    totals = s.request_finished(FakeRequest("t", [1]), [])[1]["kvstore"]["totals"]  # type: ignore[index]
+    assert totals["saved_blocks"] == 2 and totals["save_failed_blocks"] == 1
+    assert totals["save_bytes"] == 300 and totals["save_ms"] == 4
+
+
 def main() -> None:
     started = time.monotonic()
     for name, fn in sorted(globals().items()):

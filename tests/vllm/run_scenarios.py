@@ -6,7 +6,7 @@ last line of stdout (``tests/vllm/test_connector_e2e.py`` asserts on it)::
     .venv-vllm/bin/python tests/vllm/run_scenarios.py --workdir /tmp/kvc-e2e \\
         --kvstore-bin .venv/bin/kvstore
 
-Three engine starts, several scenarios each (an engine start costs ~30 s):
+Four engine starts, several scenarios each (an engine start costs ~30 s):
 
 0. reference engine, no connector: the expected tokens of every prompt;
 1. engine with the connector on sidecar S:
@@ -16,7 +16,10 @@ Three engine starts, several scenarios each (an engine start costs ~30 s):
    restarted on the same port and the connector reconnects (stores, loads);
    S stalled (SIGSTOP): the request recomputes after one call deadline;
 2. a second engine with the connector on S: its first request loads the
-   prefix engine 1 stored.
+   prefix engine 1 stored;
+3. an engine with a KV cache of 24 blocks running four long requests at once:
+   the scheduler preempts while saves of the preempted requests are queued
+   (asynchronous saves must never read blocks the engine reused).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tests.vllm.sidecar_proc import Sidecar  # noqa: E402
-from tests.vllm_model import VLLM_ENV, build_tiny_llama, make_llm  # noqa: E402
+from tests.vllm_model import VLLM_ENV, build_tiny_llama, make_llm, reset_cache  # noqa: E402
 
 os.environ.update(VLLM_ENV)
 
@@ -59,6 +62,9 @@ P6 = prompt(6, 330)
 T1 = prompt(11, 250)  # its answer fills block 7: decode blocks are saved too
 T2_USER = prompt(12, 70)
 T3_USER = prompt(13, 45)
+# Four requests of 300-360 prompt + 64 answer tokens on 24 blocks of 32: preemptions.
+SQUEEZE = [prompt(20 + i, 300 + 20 * i) for i in range(4)]
+SQUEEZE_TOKENS = 64
 
 
 def scenario_llm(model_dir: Path, address: str | None) -> Any:
@@ -147,7 +153,7 @@ def multi_turn(
         if reset and i > 0:
             held_reset = llm.reset_prefix_cache()  # refused while blocks are held
             time.sleep(1.3)  # let a held tool-call gap end: reset needs free blocks
-            turns_reset = llm.reset_prefix_cache()
+            turns_reset = reset_cache(llm)
         out = run(llm, [history], [params] if address is not None else None)[0]
         out["reset_while_held"] = held_reset
         out["reset"] = turns_reset
@@ -178,6 +184,7 @@ def main() -> None:
         ref[name] = run(llm, [p])[0]["tokens"]
     ref["batch"] = [o["tokens"] for o in run(llm, [P1, P3, P5, P6], max_tokens=16)]
     ref["turns"] = [t["tokens"] for t in multi_turn(llm, "ref", {}, reset=False, address=None)]
+    ref["squeeze"] = [o["tokens"] for o in run(llm, SQUEEZE, max_tokens=SQUEEZE_TOKENS)]
     result["ref"] = ref
     close(llm)
 
@@ -194,7 +201,7 @@ def main() -> None:
         timings["engine1_start"] = time.monotonic() - t1
         store = run(llm, [P1])[0]
         stats_after_store = stats(addr)
-        reset_ok = llm.reset_prefix_cache()
+        reset_ok = reset_cache(llm)
         reload = run(llm, [P1])[0]
         result["store_reload"] = {
             "store": store,
@@ -207,24 +214,24 @@ def main() -> None:
         result["session"] = multi_turn(llm, "conv-1", {}, reset=True, address=addr)
 
         # Sidecar killed while a batch runs: every request still completes.
-        llm.reset_prefix_cache()
+        reset_cache(llm)
         killer = threading.Timer(0.4, sidecar.kill)
         killer.start()
         batch = run(llm, [P1, P3, P5, P6], max_tokens=16)
         killer.join()
         sidecar.kill()
         after_kill = run(llm, [P3])[0]
-        llm.reset_prefix_cache()
+        reset_cache(llm)
         down_reload = run(llm, [P1])[0]
         sidecar.start()
         time.sleep(1.5)  # > retry_interval_s: the next call reconnects
         up_store = run(llm, [P4])[0]
-        llm.reset_prefix_cache()
+        reset_cache(llm)
         up_reload = run(llm, [P4])[0]
         stats_after_restart = stats(addr)
         # A stalled sidecar (SIGSTOP): calls hit their deadline, the engine recomputes.
         sidecar.pause()
-        llm.reset_prefix_cache()
+        reset_cache(llm)
         started = time.monotonic()
         stalled = run(llm, [P1])[0]
         stalled["seconds"] = time.monotonic() - started
@@ -247,6 +254,14 @@ def main() -> None:
         timings["engine2_start"] = time.monotonic() - t2
         first = run(llm, [P4])[0]
         result["second_engine"] = {"first": first, "stats": stats(addr)}
+        close(llm)
+
+        # ---- engine 3: a KV cache so small that the scheduler preempts
+        t3 = time.monotonic()
+        llm = make_llm(model_dir, addr, block_size=BLOCK, max_model_len=512, max_num_seqs=4,
+                       num_blocks=24, timeout_s=2.0, retry_interval_s=1.0)
+        timings["engine3_start"] = time.monotonic() - t3
+        result["squeeze"] = run(llm, SQUEEZE, max_tokens=SQUEEZE_TOKENS)
         close(llm)
     finally:
         sidecar.stop()

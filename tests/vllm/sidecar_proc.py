@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = ["Sidecar", "free_port"]
@@ -37,11 +38,14 @@ def free_port() -> int:
 
 
 class Sidecar:
-    """``kvstore serve`` on loopback, with its log in ``data_dir/../<name>.log``."""
+    """``kvstore serve`` on loopback, with its log in ``data_dir/../<name>.log``.
+
+    ``kvstore_bin`` is the ``kvstore`` executable, or a command that runs it
+    (``[sys.executable, "-m", "kvstore.cli"]``)."""
 
     def __init__(
         self,
-        kvstore_bin: str,
+        kvstore_bin: str | Sequence[str],
         data_dir: Path,
         port: int | None = None,
         config: dict[str, dict[str, str | int | float | bool]] | None = None,
@@ -56,8 +60,9 @@ class Sidecar:
 
     def start(self, timeout_s: float = 60.0) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        prefix = [self.kvstore_bin] if isinstance(self.kvstore_bin, str) else list(self.kvstore_bin)
         cmd = [
-            self.kvstore_bin,
+            *prefix,
             "serve",
             "--listen",
             self.address,
