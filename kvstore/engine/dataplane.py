@@ -73,14 +73,21 @@ class SlotPlane:
                 if target is None:
                     out.append(None)
                     continue
-                if target != self.tier.name:
-                    # Bound for another tier: the slot only stages its bytes, so it takes
-                    # free room and pushes nothing out of this tier (the policy did not
-                    # want the block here); without free room it is not stored this time.
-                    if not self.tier.can_fit(size):
+                if target != self.tier.name and not self.tier.can_fit(size):
+                    # Bound for another tier: the slot only stages its bytes until the
+                    # commit copies them there. Without free room, the policy's least
+                    # valuable block here makes it (demoted where the policy says), so
+                    # a full tier never stops blocks bound below it. If what holds the
+                    # room is this call's own slots, TierFull (the client retries in
+                    # smaller batches); otherwise the block is not stored this time.
+                    try:
+                        await eng.make_room(self.tier.name, size, protect)
+                    except TierFull:
+                        if any(slot is not None for slot in out):
+                            raise
                         out.append(None)
                         continue
-                else:
+                elif target == self.tier.name:
                     await eng.make_room(self.tier.name, size, protect)
                 new = self.slots.reserve(size)
                 eng.leases.add_reservation(Reservation(
