@@ -262,6 +262,11 @@ class EngineConfig:
     write_back: bool = True
     #: Prefill throughput of the served model (tokens/s) for the cost model.
     prefill_tokens_per_s: float = 10_000.0
+    #: Longest HBM keep the policy may decide: how long a serving engine holds a
+    #: finished request's blocks in its own KV cache for the session's next request
+    #: (the vLLM connector asks at each lookup; its ``hold_max_ms`` and hold budget
+    #: bound it on the engine's side). 0: never keep.
+    hbm_keep_max_s: float = 10.0
 
     def validate(self) -> None:
         from kvstore import policies
@@ -273,6 +278,9 @@ class EngineConfig:
             )
         if self.prefill_tokens_per_s <= 0:
             raise ConfigError("engine.prefill_tokens_per_s: must be > 0")
+        if not 0 <= self.hbm_keep_max_s <= 3600:
+            raise ConfigError(
+                f"engine.hbm_keep_max_s: must be in [0, 3600] seconds, got {self.hbm_keep_max_s!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,8 +37,9 @@ def available() -> list[str]:
 
 
 def create(name: str, tiers: Sequence[TierSpec], cost: object = None,
-           **options: object) -> Policy:
-    """A policy by registry name; ``cost`` (a CostModel) goes to policies that take one."""
+           hbm_keep_max_s: float | None = None, **options: object) -> Policy:
+    """A policy by registry name; ``cost`` (a CostModel) and ``hbm_keep_max_s`` (the
+    longest HBM keep it may decide) go to policies that take them."""
     try:
         target = _REGISTRY[name]
     except KeyError:
@@ -49,5 +50,7 @@ def create(name: str, tiers: Sequence[TierSpec], cost: object = None,
     cls = getattr(importlib.import_module(module_name), cls_name)
     if cost is not None and "cost" in inspect.signature(cls).parameters:
         options["cost"] = cost
+    if hbm_keep_max_s is not None and "hbm_keep_max_s" in inspect.signature(cls).parameters:
+        options["hbm_keep_max_s"] = hbm_keep_max_s
     policy: Policy = cls(tiers, **options)
     return policy

@@ -102,6 +102,12 @@ class RequestInfo:
     #: Per tier, in order: does a hit there beat recomputing the block (the engine's
     #: cost model for this namespace)? Empty: every tier does.
     worth: Sequence[bool] = ()
+    #: The hint event the client says this request's turn ends with (``tool_call``,
+    #: ``turn_end``, ``session_end``; ``""``: not said), the tool it will wait on, and
+    #: how long until the session's next request, if the client knows.
+    then: str = ""
+    tool: str = ""
+    expected_gap_s: float | None = None
 
     def info(self, j: int) -> BlockInfo:
         """The BlockInfo of key ``j`` (its parent is key ``j - 1``)."""
@@ -128,6 +134,10 @@ class Plan:
 
     admit: Mapping[Hashable, str] = field(default_factory=dict)
     moves: Sequence[Move] = ()
+    #: HBM keep: how long the serving engine should keep the request's blocks pinned in
+    #: its own KV cache after the request ends, for the session's next request to reuse
+    #: with no copy. 0: release them (what was stored stays in the tiers).
+    keep_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,8 @@ _BACK = frozenset({"tool_result", "user", "session_start"})
 #: What a request's session waits on when no hint follows it.
 _IDLE = "idle"
 _MAX_TOOLS = 32
+#: Waits of a class seen before its statistics may decide an HBM keep.
+_KEEP_MIN_WAITS = 8
 
 
 def _turns(n: int) -> int:
@@ -91,8 +93,9 @@ class WorkloadPolicy(Policy):
 
     def __init__(self, tiers: Sequence[TierSpec], cost: CostModel | None = None,
                  window_s: float = 60.0, margin: float = 1.5, keep_gap_s: float = 30.0,
-                 max_sessions: int = 200_000) -> None:
+                 max_sessions: int = 200_000, hbm_keep_max_s: float = 10.0) -> None:
         super().__init__(tiers)
+        self.hbm_keep_max_s = hbm_keep_max_s
         self.cost = cost or CostModel()
         self.window_s = window_s
         self._vcache: dict[tuple[Hashable, int], float] = {}
@@ -245,7 +248,8 @@ class WorkloadPolicy(Policy):
         admit: dict[Hashable, str] = {}
         if missing and not req.block_bytes:  # sizes unknown yet: the fastest worthy tier
             top = next((t.name for i, t in enumerate(self.tiers) if self._worth[i]), None)
-            return Plan({keys[j]: top for j in missing} if top else {})
+            return Plan({keys[j]: top for j in missing} if top else {},
+                        keep_s=self._keep_s(s, req))
         if missing:
             value = self._newcomer(s)
             size = req.block_bytes
@@ -258,7 +262,31 @@ class WorkloadPolicy(Policy):
                 for _ in range(n):
                     admit[keys[next(it)]] = spec.name
                 left -= n
-        return Plan(admit)
+        return Plan(admit, keep_s=self._keep_s(s, req))
+
+    def _keep_s(self, s: _Session, req: RequestInfo) -> float:
+        """HBM keep: how long the engine should hold this request's blocks after it ends.
+        Only for a turn that ends waiting (on a tool or the user): for the gap the client
+        gave, if it is at most ``hbm_keep_max_s``; else if most sessions of the wait's
+        class (learned, as for eviction) were back within ``hbm_keep_max_s``, until
+        nine in ten of those are. Otherwise 0: release (offload what was saved)."""
+        wait = _WAIT.get(req.then)
+        limit = self.hbm_keep_max_s
+        if limit <= 0 or wait not in ("tool", "user"):
+            return 0.0
+        gap = req.expected_gap_s
+        if gap is not None:
+            return gap if 0.0 < gap <= limit else 0.0
+        cls = self._cls(s, wait, self._tool(s.workload, req.tool) if wait == "tool" else "")
+        if self.returns.waits(cls) < _KEEP_MIN_WAITS:
+            return 0.0
+        back = self.returns.back_by(cls, limit)
+        if back < 0.5:
+            return 0.0
+        t = limit / 64
+        while t < limit and self.returns.back_by(cls, t) < 0.9 * back:
+            t *= 2
+        return min(t, limit)
 
     def _room(self, tier: str, value: float, need: int, session: str) -> int:
         """Bytes ``tier`` can give a newcomer worth ``value``: free room plus what
@@ -292,7 +320,6 @@ class WorkloadPolicy(Policy):
         self._wait(name, s, wait, tool, now, hint.expected_gap_s)
         if hint.event == "session_end" or len(self.tiers) < 2:
             return []  # an ended session is worth nothing: its blocks are the first to go
-            return []
         top = self.tiers[0].name
         if hint.event in _BACK:
             return [Move(k, t, top) for k, t in keys if t != top]

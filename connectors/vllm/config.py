@@ -45,10 +45,16 @@ class ConnectorConfig:
     hints: bool = True
     #: Loads shorter than this many blocks are not worth a round trip.
     min_load_blocks: int = 1
-    #: Hold the engine's own blocks after a turn whose expected gap is at most
-    #: this long (the cheapest keep). 0 disables holding. While a hold is
-    #: pending vLLM keeps stepping its engine loop, so keep it short.
+    #: HBM keep: the longest the engine holds a finished request's blocks in its own
+    #: KV cache for the session's next request (the cheapest keep: reused with no
+    #: copy). Whether and how long is the sidecar policy's decision (``keep_ms``,
+    #: answered with the request's lookup from what the request says its turn ends
+    #: with); this caps it. 0 disables holding.
     hold_max_ms: float = 0.0
+    #: Most engine blocks held at once by HBM keeps; a keep that would pass it is
+    #: not made (the blocks are released, offloaded by what was saved). 0: a
+    #: quarter of the engine's KV cache.
+    hold_budget_blocks: int = 0
     #: Map the sidecar's shared memory into the worker in the background when it
     #: connects (first touches otherwise page-fault on the data path; costs page
     #: tables: 2 MiB per GiB of the sidecar's DRAM tier).
@@ -85,6 +91,9 @@ class ConnectorConfig:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.hold_max_ms < 0:
             raise ConfigError(f"hold_max_ms must be >= 0, got {self.hold_max_ms!r}")
+        if self.hold_budget_blocks < 0:
+            raise ConfigError(
+                f"hold_budget_blocks must be >= 0, got {self.hold_budget_blocks!r}")
         if self.host_threads < 1:
             raise ConfigError(f"host_threads must be >= 1, got {self.host_threads!r}")
         if self.min_load_blocks < 1:

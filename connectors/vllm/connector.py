@@ -129,7 +129,10 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
             link = SidecarLink(cfg.address, cfg.timeout_s, cfg.retry_interval_s)
-            self._scheduler = SchedulerSide(cfg, link, self.namespace, block_size)
+            self._scheduler = SchedulerSide(
+                cfg, link, self.namespace, block_size,
+                cache_blocks=int(vllm_config.cache_config.num_gpu_blocks or 0),
+            )
         else:
             link = SidecarLink(
                 cfg.address,

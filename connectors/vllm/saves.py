@@ -192,14 +192,16 @@ class SaveQueue:
     def _save(self, job: SaveJob) -> SaveResult:
         started = time.perf_counter()
         result = SaveResult()
-        groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+        # One put per request: its request id ties the blocks to the plan its lookup
+        # made (a put without one would count as a new request of the session).
+        groups: dict[tuple[str, str, str], list[int]] = defaultdict(list)
         for pos, (plan, _) in enumerate(job.blocks):
             if plan.req_id in job.dropped:
                 result.failed[plan.req_id] += 1
                 continue
-            groups[(plan.session_id, plan.workload)].append(pos)
+            groups[(plan.req_id, plan.session_id, plan.workload)].append(pos)
         size = HEADER_SIZE + self.body_size
-        for (session_id, workload), positions in groups.items():
+        for (req_id, session_id, workload), positions in groups.items():
             specs = [
                 BlockSpec(b.block_hash, b.parent_hash, b.token_ids, size)
                 for b in (job.blocks[p][1] for p in positions)
@@ -213,8 +215,9 @@ class SaveQueue:
 
             stored = self.link.call(
                 "put",
-                lambda c, specs=specs, fill=fill, s=session_id, w=workload: c.put_in_place(
-                    self.namespace, specs, fill, session_id=s, workload=w
+                lambda c, specs=specs, fill=fill, s=session_id, w=workload, r=req_id: (
+                    c.put_in_place(self.namespace, specs, fill, session_id=s, workload=w,
+                                   request_id=r)
                 ),
                 None,
             )

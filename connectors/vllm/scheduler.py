@@ -70,6 +70,7 @@ class _Tracked:
     load_bytes: int = 0
     hit_media: tuple[str, ...] = ()  # fastest tier of each sidecar hit block
     saves_planned: int = 0  # blocks handed to the workers to save
+    keep_ms: float = 0.0  # HBM keep the sidecar's policy decided at the lookup
 
 
 @dataclass(slots=True)
@@ -98,9 +99,19 @@ class Totals:
 
 class SchedulerSide:
     def __init__(
-        self, config: ConnectorConfig, link: SidecarLink, namespace: str, block_size: int
+        self,
+        config: ConnectorConfig,
+        link: SidecarLink,
+        namespace: str,
+        block_size: int,
+        cache_blocks: int = 0,
     ) -> None:
         self.config = config
+        #: Most blocks HBM keeps may hold at once (0 with no budget: no keeps).
+        self.hold_budget = config.hold_budget_blocks or cache_blocks // 4
+        #: Finished requests held in the engine: req id -> (blocks, monotonic end).
+        self._held: dict[str, tuple[int, float]] = {}
+        self.held_blocks_max = 0
         self.link = link
         self.namespace = namespace
         self.block_size = block_size
@@ -131,11 +142,24 @@ class SchedulerSide:
         if not hashes:
             return 0, False
         turn = tracked.turn
+        # The request id makes vLLM's repeated asks (every step it cannot schedule the
+        # request) one request to the policy, and ties the saves and the hint to it.
         result = self.link.call(
             "lookup",
-            lambda c: c.lookup(self.namespace, hashes, turn.session_id, turn.workload),
+            lambda c: c.lookup(
+                self.namespace,
+                hashes,
+                turn.session_id,
+                turn.workload,
+                request_id=request.request_id,
+                num_tokens=request.num_tokens,
+                then=turn.event,
+                tool=turn.tool,
+                expected_gap_ms=turn.expected_gap_ms,
+            ),
             None,
         )
+        tracked.keep_ms = result.keep_ms if result is not None else 0.0
         num_hit = min(result.num_hit, len(hashes)) if result is not None else 0
         tracked.sidecar_blocks = num_hit
         tracked.hit_media = tuple(str(m) for m in result.media) if result is not None else ()
@@ -286,7 +310,7 @@ class SchedulerSide:
     def _hint_now(self, req_id: str) -> None:
         pending = self._hint_after_saves.pop(req_id, None)
         if pending is not None:
-            self._hints.submit(self._send_hint, pending.turn)
+            self._hints.submit(self._send_hint, pending.turn, req_id)
 
     # -- end of a turn ------------------------------------------------------------
     def request_finished(
@@ -298,7 +322,7 @@ class SchedulerSide:
             tracked = _Tracked(request=request, turn=turn)
         turn = tracked.turn
         self.sessions.turn_finished(turn, request.block_hashes)
-        hold_ms = self._hold_ms(turn) if block_ids else 0.0
+        hold_ms = self._hold_ms(request.request_id, tracked, len(block_ids))
         # Blocks handed to the workers may still be in their save queues: vLLM must
         # keep them until the workers say the saves are done.
         saving = bool(block_ids) and tracked.saves_planned > 0
@@ -312,7 +336,7 @@ class SchedulerSide:
             # transfers reported done), so no save lands after it.
             self._hint_after_saves[request.request_id] = _PendingHint(turn, left)
         elif self.config.hints:
-            self._hints.submit(self._send_hint, turn)
+            self._hints.submit(self._send_hint, turn, request.request_id)
         bs = self.block_size
         params = {
             "kvstore": {
@@ -331,6 +355,10 @@ class SchedulerSide:
                 "saved_blocks": tracked.saved_blocks,
                 "save_failed_blocks": tracked.save_failed_blocks,
                 "held_ms": hold_ms,
+                "keep_ms": tracked.keep_ms,  # what the policy decided
+                "held_blocks": sum(n for n, _ in self._held.values()),
+                "held_blocks_max": self.held_blocks_max,
+                "hold_budget_blocks": self.hold_budget,
                 "sidecar_up": self.link.is_up,
                 # Everything the workers reported so far, all requests together
                 # (saves finish after their request does: read them here).
@@ -339,13 +367,26 @@ class SchedulerSide:
         }
         return delay, params
 
-    def _hold_ms(self, turn: TurnInfo) -> float:
-        gap = turn.expected_gap_ms
-        if self.config.hold_max_ms <= 0 or gap is None or turn.event != "tool_call":
+    def _hold_ms(self, req_id: str, tracked: _Tracked, blocks: int) -> float:
+        """HBM keep of a finished request: the policy's decision (``keep_ms``), capped
+        by ``hold_max_ms``, made only while the blocks held stay within the budget."""
+        keep = min(tracked.keep_ms, self.config.hold_max_ms)
+        if keep <= 0 or not blocks:
             return 0.0
-        return gap if 0 < gap <= self.config.hold_max_ms else 0.0
+        now = time.monotonic()
+        self._held = {r: h for r, h in self._held.items() if h[1] > now}
+        held = sum(n for n, _ in self._held.values())
+        if held + blocks > self.hold_budget:
+            logger.debug(
+                "kvstore: request %s not kept in HBM: %d + %d blocks > budget %d",
+                req_id, held, blocks, self.hold_budget,
+            )
+            return 0.0
+        self._held[req_id] = (blocks, now + keep / 1e3)
+        self.held_blocks_max = max(self.held_blocks_max, held + blocks)
+        return keep
 
-    def _send_hint(self, turn: TurnInfo) -> None:
+    def _send_hint(self, turn: TurnInfo, req_id: str) -> None:
         started = time.monotonic()
         moves = self.link.call(
             "hint",
@@ -356,6 +397,7 @@ class SchedulerSide:
                 tool=turn.tool,
                 expected_gap_ms=turn.expected_gap_ms,
                 namespace=self.namespace,
+                request_id=req_id,  # ends the request the lookup opened
             ),
             0,
         )

@@ -108,10 +108,14 @@ class LookupResult:
     num_hit: int
     media: tuple[Medium, ...]
     store_blocks: int = 0
+    #: HBM keep the policy decided: how long to hold the request's blocks in the
+    #: engine's own cache after it ends (0: release them).
+    keep_ms: float = 0.0
 
     @classmethod
     def from_pb(cls, resp: pb.LookupResponse) -> LookupResult:
-        return cls(resp.num_hit, tuple(_MEDIA[m] for m in resp.media), resp.store_blocks)
+        return cls(resp.num_hit, tuple(_MEDIA[m] for m in resp.media), resp.store_blocks,
+                   resp.keep_ms)
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,13 +122,17 @@ class KVStoreClient(InPlace):
 
     def lookup(self, namespace: str, hashes: Sequence[bytes], session_id: str | None = None,
                workload: str | None = None, *, request_id: str | None = None,
-               num_tokens: int = 0) -> LookupResult:
+               num_tokens: int = 0, then: str | None = None, tool: str | None = None,
+               expected_gap_ms: float | None = None) -> LookupResult:
         """The longest stored prefix worth loading. ``request_id`` makes repeated lookups
-        of one request count once and ties its later puts and hint to it."""
+        of one request count once and ties its later puts and hint to it. ``then`` (the
+        hint event the turn will end with), ``tool`` and ``expected_gap_ms`` let the
+        policy decide the request's HBM keep (``LookupResult.keep_ms``)."""
         resp = self._call(self._stub.Lookup, pb.LookupRequest(
             namespace=namespace, block_hashes=[bytes(h) for h in hashes],
             session_id=session_id or "", workload=workload or "",
-            request_id=request_id or "", num_tokens=num_tokens))
+            request_id=request_id or "", num_tokens=num_tokens, then=then or "",
+            tool=tool or "", expected_gap_ms=expected_gap_ms or 0.0))
         return LookupResult.from_pb(resp)
 
     def get(self, namespace: str, hashes: Sequence[bytes]) -> list[BlockData | None]:

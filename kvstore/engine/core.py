@@ -39,6 +39,8 @@ from kvstore.types import BlockKey, BlockMeta, Medium, Workload
 __all__ = ["Engine", "Lookup", "NewBlock"]  # NewBlock re-exported from kvstore.engine.blocks
 
 log = logging.getLogger(__name__)
+#: Longest tool name a lookup passes on to the policy (client strings).
+_MAX_TOOL_NAME = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,8 @@ class Lookup:
 
     media: list[Medium]
     store: int
+    #: HBM keep the policy decided for the request (see ``Plan.keep_s``).
+    keep_s: float = 0.0
 
 
 def tier_specs(tiers: Sequence[Tier], bandwidth: Mapping[str, float] | None = None
@@ -204,7 +208,9 @@ class Engine(Placement):
         geo = self.geometry
         tokens = geo.of(namespace)[1]
         last = tokens
-        if num_tokens > 0 and keys:
+        if num_tokens > 0 and keys and geo.known(namespace):
+            # Only with the namespace's real block size (the default one would call a
+            # full last block of a first request partial, and the policy skip it).
             last = max(1, min(tokens, num_tokens - (len(keys) - 1) * tokens))
         return RequestInfo(keys, hit_tiers, session, workload,
                            block_bytes or geo.stored_bytes(namespace), tokens, last,
@@ -219,7 +225,8 @@ class Engine(Placement):
                                    request_id=request_id, num_tokens=num_tokens).media
 
     def lookup_request(self, namespace: str, hashes: Sequence[bytes], session_id: str = "",
-                       workload: str = "", *, request_id: str = "", num_tokens: int = 0
+                       workload: str = "", *, request_id: str = "", num_tokens: int = 0,
+                       then: str = "", tool: str = "", expected_gap_s: float | None = None
                        ) -> Lookup:
         """The longest stored prefix of ``hashes`` worth loading, with the fastest tier of
         each block: it stops at the first block missing or held only in a tier that
@@ -230,7 +237,13 @@ class Engine(Placement):
         missing blocks may be stored; its moves run on the mover) and prefetches the
         served blocks into the fastest tier; a repeat of the same ``request_id`` only
         reads the index. ``num_tokens``: the request's prompt length, if known (its
-        last block may be partial)."""
+        last block may be partial). ``then`` / ``tool`` / ``expected_gap_s``: what the
+        client says the request's turn ends with (for the policy's HBM keep)."""
+        if then and then not in Hint.EVENTS:
+            raise InvalidArgument(
+                f"then: unknown hint event {then!r}; valid: {', '.join(sorted(Hint.EVENTS))}")
+        if expected_gap_s is not None and not 0 <= expected_gap_s < 1e9:
+            raise InvalidArgument(f"expected_gap_ms: must be >= 0, got {expected_gap_s * 1e3!r}")
         hashes = self.check_hashes(namespace, hashes)
         wl = Workload.parse(workload).value
         blocks = self.index.blocks_of(namespace)
@@ -250,16 +263,20 @@ class Engine(Placement):
         medium = self._medium
         media = [medium[e.tiers[0]] for e in hit[:served]]
         now = self.clock()
-        if self.requests.get(request_id) is not None:  # a repeat: counted once
-            return Lookup(media, self._store_count(namespace, hashes, served, now))
+        opened = self.requests.get(request_id)
+        if opened is not None:  # a repeat: counted once
+            return Lookup(media, self._store_count(namespace, hashes, served, now),
+                          opened.keep_s)
         session = self._session(namespace, session_id, hashes)
         keys = [BlockKey(namespace, h) for h in hashes]
         hit_tiers: list[str | None] = [e.tiers[0] for e in hit]
         hit_tiers += [None] * (len(keys) - len(hit))
-        req = self._request_info(namespace, keys, hit_tiers, session, wl, num_tokens)
+        req = replace(self._request_info(namespace, keys, hit_tiers, session, wl, num_tokens),
+                      then=then, tool=tool[:_MAX_TOOL_NAME], expected_gap_s=expected_gap_s)
         plan = self.policy.on_request(req, now)
+        keep_s = max(0.0, plan.keep_s)
         self.requests.plan(keys, plan.admit, [t is None for t in hit_tiers], now)
-        self.requests.open(request_id, OpenRequest(namespace, keys, session, wl, now))
+        self.requests.open(request_id, OpenRequest(namespace, keys, session, wl, now, keep_s))
         self.sessions.used(session, keys, now)
         touch = self.policy.on_access
         for i in range(len(hit) - 1, -1, -1):  # tail first: the head ends most recent
@@ -287,7 +304,7 @@ class Engine(Placement):
             if hit_tiers[i] is None and keys[i] not in admit:
                 break
             store += 1
-        return Lookup(media, store)
+        return Lookup(media, store, keep_s)
 
     def _store_count(self, namespace: str, hashes: Sequence[bytes], served: int,
                      now: float) -> int:

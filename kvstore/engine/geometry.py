@@ -56,6 +56,10 @@ class Geometry:
         (or the size was set)."""
         return self._stored.get(namespace, 0)
 
+    def known(self, namespace: str) -> bool:
+        """Was ``namespace``'s block geometry observed or set (else defaults stand in)?"""
+        return namespace in self._geo
+
     def of(self, namespace: str) -> tuple[int, int]:
         """(bytes, tokens) of a full block of ``namespace``."""
         geo = self._geo.get(namespace)

@@ -31,6 +31,7 @@ class OpenRequest:
     session: str  # scoped
     workload: str
     started: float
+    keep_s: float = 0.0  # the HBM keep the policy decided at its lookup
 
 
 class Requests:

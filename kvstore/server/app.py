@@ -146,7 +146,8 @@ class KVStoreServer:
         # namespace from what is stored.
         cost = CostModel(prefill_tokens_per_s=cfg.engine.prefill_tokens_per_s)
         bandwidth = {"redis": cfg.redis.read_bytes_per_s}
-        policy = policies.create(cfg.engine.policy, tier_specs(tiers, bandwidth), cost=cost)
+        policy = policies.create(cfg.engine.policy, tier_specs(tiers, bandwidth), cost=cost,
+                                 hbm_keep_max_s=cfg.engine.hbm_keep_max_s)
         srv = cfg.server
         self.engine = Engine(
             tiers, policy, self.events, cost=cost, bandwidth=bandwidth,

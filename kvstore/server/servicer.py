@@ -140,7 +140,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         repeat = eng.requests.get(request.request_id) is not None
         found = eng.lookup_request(request.namespace, hashes, request.session_id,
                                    request.workload, request_id=request.request_id,
-                                   num_tokens=request.num_tokens)
+                                   num_tokens=request.num_tokens, then=request.then,
+                                   tool=request.tool,
+                                   expected_gap_s=(request.expected_gap_ms / 1e3
+                                                   if request.expected_gap_ms else None))
         media, store = found.media, found.store
         if eng.shared is not None and len(media) < len(hashes):
             more = await eng.shared.extend(request.namespace, hashes, len(media),
@@ -151,7 +154,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             self.profile.on_lookup(request.namespace, request.block_hashes,
                                    request.session_id, request.workload)
         return pb.LookupResponse(num_hit=len(media), media=[MEDIUM_TO_PB[m] for m in media],
-                                 store_blocks=store)
+                                 store_blocks=store, keep_ms=found.keep_s * 1e3)
 
     @_unary
     async def Put(self, request_iterator: AsyncIterator[pb.PutRequest], context: Any

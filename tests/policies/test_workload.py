@@ -120,3 +120,36 @@ def test_sessions_are_bounded() -> None:
     for i in range(200):
         request(pol, [i], f"s{i}", float(i), store=False)
     assert len(pol._sessions) == 50
+
+
+def keep(pol: WorkloadPolicy, session: str, now: float, then: str, tool: str = "",
+         gap: float | None = None) -> float:
+    """The HBM keep the policy decides at a request's lookup."""
+    plan = pol.on_request(RequestInfo([7, 8], [None, None], session, "agent", B, 512, 512,
+                                      then=then, tool=tool, expected_gap_s=gap), now)
+    return plan.keep_s
+
+
+def test_hbm_keep_follows_the_clients_gap_within_the_limit() -> None:
+    pol = WorkloadPolicy(ONE, hbm_keep_max_s=10.0)
+    assert keep(pol, "a", 0.0, "tool_call", "grep", gap=4.0) == 4.0
+    assert keep(pol, "b", 0.0, "tool_call", "build", gap=60.0) == 0.0  # too long: offload
+    assert keep(pol, "c", 0.0, "turn_end", gap=2.0) == 2.0  # a user who said so
+    assert keep(pol, "d", 0.0, "session_end", gap=1.0) == 0.0  # over: drop, never keep
+    assert keep(pol, "e", 0.0, "", gap=1.0) == 0.0  # the turn's end is unknown
+    assert keep(WorkloadPolicy(ONE, hbm_keep_max_s=0.0), "f", 0.0, "tool_call", gap=1.0) == 0.0
+
+
+def test_hbm_keep_learned_from_how_soon_the_class_comes_back() -> None:
+    """Without a gap from the client: tool calls of this workload came back in 10 s,
+    user turns in 30 min. A keep limit of 20 s keeps a tool call until nine in ten of
+    those that come back within it are back; 5 s is too short for most of them."""
+    pol = WorkloadPolicy(ONE, hbm_keep_max_s=20.0)
+    now = train(pol)
+    kept = keep(pol, "new", now, "tool_call")
+    assert 10.0 <= kept <= 20.0, kept
+    assert keep(pol, "new2", now, "turn_end") == 0.0
+    assert keep(WorkloadPolicy(ONE), "fresh", 0.0, "tool_call") == 0.0  # nothing learned
+    short = WorkloadPolicy(ONE, hbm_keep_max_s=5.0)
+    now = train(short)
+    assert keep(short, "new", now, "tool_call") == 0.0

@@ -82,3 +82,29 @@ def test_a_tool_result_hint_prefetches_the_session_before_its_next_request(serve
         assert st.tier("dram").blocks == 5 and st.tier("disk").blocks == 5
         got = c.get("m", hashes)
         assert [g.payload for g in got if g] == [b.payload for b in mine]
+
+
+def test_the_lookup_answers_the_policys_hbm_keep(server_factory):
+    """What a request says its turn ends with reaches the policy through the lookup;
+    its HBM keep comes back (the same on a repeated lookup of the request)."""
+    import pytest
+
+    from kvstore.errors import InvalidArgument
+
+    srv = server_factory(engine={"policy": "workload", "hbm_keep_max_s": 5.0})
+    hashes = [b.block_hash for b in make_chain(3, 4 * KiB, seed=4)]
+    with KVStoreClient(srv.address) as c:
+        quick = c.lookup("k", hashes, "s1", "agent", request_id="r1", then="tool_call",
+                         tool="grep", expected_gap_ms=2000)
+        assert quick.keep_ms == 2000
+        assert c.lookup("k", hashes, "s1", "agent", request_id="r1").keep_ms == 2000
+        slow = c.lookup("k", hashes, "s2", "agent", request_id="r2", then="tool_call",
+                        expected_gap_ms=60_000)
+        assert slow.keep_ms == 0  # past hbm_keep_max_s: release (offload)
+        assert c.lookup("k", hashes, "s3", "agent", request_id="r3",
+                        then="session_end").keep_ms == 0
+        with pytest.raises(InvalidArgument, match="then: unknown hint event 'later'"):
+            c.lookup("k", hashes, "s4", then="later")
+    lru = server_factory(engine={"policy": "lru"})
+    with KVStoreClient(lru.address) as c:  # a policy without HBM keep never keeps
+        assert c.lookup("k", hashes, "s1", then="tool_call", expected_gap_ms=10).keep_ms == 0

@@ -75,14 +75,19 @@ class FakeClient:
     def __init__(self, stored: set[bytes], down: bool = False) -> None:
         self.stored, self.down = stored, down
         self.hints: list[tuple[Any, ...]] = []
+        self.lookups: list[dict[str, Any]] = []
+        self.keep_ms = 0.0  # the HBM keep the sidecar's policy answers
 
-    def lookup(self, ns: str, hashes: list[bytes], session: str, workload: str) -> LookupResult:
+    def lookup(
+        self, ns: str, hashes: list[bytes], session: str, workload: str, **kw: Any
+    ) -> LookupResult:
         if self.down:
             raise Unavailable("down")
+        self.lookups.append(kw)
         n = 0
         while n < len(hashes) and hashes[n] in self.stored:
             n += 1
-        return LookupResult(n, (Medium.CPU,) * n)
+        return LookupResult(n, (Medium.CPU,) * n, 0, self.keep_ms)
 
     def hint(self, *args: Any, **kwargs: Any) -> int:
         self.hints.append((args, kwargs))
@@ -168,24 +173,50 @@ def check_sidecar_down_means_no_hit() -> None:
 
 
 def check_turn_end_hint_and_hold() -> None:
+    """HBM keep is the sidecar policy's decision (``keep_ms`` with the lookup), capped
+    by hold_max_ms, within the hold budget."""
     client = FakeClient(set())
-    s = side(client, hold_max_ms=1000)
+    s = side(client, hold_max_ms=1000, hold_budget_blocks=3)
     tool = FakeRequest(
         "a",
         list(range(1, 9)),
         {"session_id": "s", "after": "tool_call", "expected_gap_ms": 400, "tool": "grep"},
     )
+    client.keep_ms = 400.0
     s.get_num_new_matched_tokens(tool, 0)
+    asked = client.lookups[-1]
+    assert asked["request_id"] == "a" and asked["then"] == "tool_call"
+    assert asked["tool"] == "grep" and asked["expected_gap_ms"] == 400
     held, params = s.request_finished(tool, [1, 2])
     assert held and params is not None and params["kvstore"]["held_ms"] == 400
     assert s.build_connector_meta(SchedOut()).holds == {"a": 0.4}
-    long_gap = FakeRequest(
-        "b", list(range(1, 9)), {"session_id": "s", "after": "tool_call", "expected_gap_ms": 5000}
-    )
-    assert s.request_finished(long_gap, [1, 2])[0] is False
+    # Keep 5 s, but 2 blocks more than the budget of 3 allows: released.
+    client.keep_ms = 5000.0
+    over = FakeRequest("b", list(range(1, 9)), {"session_id": "t", "after": "tool_call"})
+    s.get_num_new_matched_tokens(over, 0)
+    assert s.request_finished(over, [3, 4])[0] is False
+    # The policy says release: released, whatever the client's gap.
+    client.keep_ms = 0.0
+    quick = FakeRequest("c", list(range(1, 9)), {"session_id": "u", "expected_gap_ms": 10})
+    s.get_num_new_matched_tokens(quick, 0)
+    assert s.request_finished(quick, [5])[0] is False
+    # One block fits the budget; the policy's 5 s is capped at hold_max_ms.
+    client.keep_ms = 5000.0
+    fits = FakeRequest("d", list(range(1, 5)), {"session_id": "v", "after": "user"})
+    s.get_num_new_matched_tokens(fits, 0)
+    held, params = s.request_finished(fits, [6])
+    assert held and params is not None
+    kv = params["kvstore"]
+    assert kv["held_ms"] == 1000 and kv["keep_ms"] == 5000
+    assert kv["held_blocks"] == 3 == kv["held_blocks_max"] == kv["hold_budget_blocks"]
     s.shutdown()  # waits for the hint thread
-    events = [(args[1], kwargs.get("tool")) for args, kwargs in client.hints]
-    assert events == [("tool_call", "grep"), ("tool_call", None)], events
+    hints = {kwargs["request_id"]: (args[1], kwargs.get("tool")) for args, kwargs in client.hints}
+    assert hints == {
+        "a": ("tool_call", "grep"),
+        "b": ("tool_call", None),
+        "c": ("turn_end", None),
+        "d": ("turn_end", None),
+    }, hints
 
 
 def check_worker_reports_reach_the_params() -> None:

@@ -6,7 +6,7 @@ last line of stdout (``tests/vllm/test_connector_e2e.py`` asserts on it)::
     .venv-vllm/bin/python tests/vllm/run_scenarios.py --workdir /tmp/kvc-e2e \\
         --kvstore-bin .venv/bin/kvstore
 
-Four engine starts, several scenarios each (an engine start costs ~30 s):
+Five engine starts, several scenarios each (an engine start costs ~30 s):
 
 0. reference engine, no connector: the expected tokens of every prompt;
 1. engine with the connector on sidecar S:
@@ -19,7 +19,10 @@ Four engine starts, several scenarios each (an engine start costs ~30 s):
    prefix engine 1 stored;
 3. an engine with a KV cache of 24 blocks running four long requests at once:
    the scheduler preempts while saves of the preempted requests are queued
-   (asynchronous saves must never read blocks the engine reused).
+   (asynchronous saves must never read blocks the engine reused);
+4. an engine with a KV cache of 24 blocks and HBM keep: the sidecar's policy keeps
+   a short tool call's blocks in the engine (reused with no load), releases a long
+   one's (loaded back from the sidecar), and the hold budget refuses a keep.
 """
 
 from __future__ import annotations
@@ -65,6 +68,11 @@ T3_USER = prompt(13, 45)
 # Four requests of 300-360 prompt + 64 answer tokens on 24 blocks of 32: preemptions.
 SQUEEZE = [prompt(20 + i, 300 + 20 * i) for i in range(4)]
 SQUEEZE_TOKENS = 64
+# HBM keep on a 24-block cache: a session's first turn (5 blocks), then pressure that
+# evicts every free cached block (two requests of 8 blocks at once, then one more).
+KEEP_TURN = [prompt(40 + i, 150) for i in range(2)]
+KEEP_TOOL = prompt(45, 30)
+KEEP_PRESSURE = [prompt(50 + i, 220) for i in range(6)]
 
 
 def scenario_llm(model_dir: Path, address: str | None) -> Any:
@@ -164,6 +172,33 @@ def multi_turn(
     return turns
 
 
+def hbm_keep(llm: Any) -> dict[str, Any]:
+    """Two agent sessions on a 24-block cache (hold budget: a quarter, 6 blocks). K
+    calls a 4 s tool: the policy keeps its 5 blocks in the engine; a request that
+    finishes meanwhile asking a keep too is refused (over the budget); pressure evicts
+    every free block; K's tool result hits the engine's cache with no load and ends
+    the session (released). L calls a 60 s tool: released (offloaded: its blocks were
+    saved); after the same pressure its tool result loads them from the sidecar."""
+    out: dict[str, Any] = {}
+    for name, gap, pressure in (("K", 4000, KEEP_PRESSURE[:3]), ("L", 60_000,
+                                                                   KEEP_PRESSURE[3:])):
+        turn = KEEP_TURN[0] if name == "K" else KEEP_TURN[1]
+        first = run(llm, [turn], [{"session_id": name, "workload": "agent",
+                                   "after": "tool_call", "tool": "build",
+                                   "expected_gap_ms": gap}])[0]
+        started = time.monotonic()
+        other = {"session_id": name + "-other", "workload": "agent", "after": "tool_call",
+                 "tool": "build", "expected_gap_ms": 4000}
+        both = run(llm, pressure[:2], [other, {"session_id": name + "-b", "after": "end"}])
+        last = run(llm, pressure[2:], [{"session_id": name + "-c", "after": "end"}])[0]
+        back = run(llm, [turn + first["tokens"] + KEEP_TOOL],
+                   [{"session_id": name, "workload": "agent", "after": "end"}])[0]
+        out[name] = {"first": first, "pressure": both + [last], "back": back,
+                     "back_after_s": time.monotonic() - started}
+        time.sleep(4.5)  # K's keep ends before L starts (its blocks are free again)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", required=True)
@@ -185,6 +220,11 @@ def main() -> None:
     ref["batch"] = [o["tokens"] for o in run(llm, [P1, P3, P5, P6], max_tokens=16)]
     ref["turns"] = [t["tokens"] for t in multi_turn(llm, "ref", {}, reset=False, address=None)]
     ref["squeeze"] = [o["tokens"] for o in run(llm, SQUEEZE, max_tokens=SQUEEZE_TOKENS)]
+    ref["keep"] = {}
+    for name, turn in (("K", KEEP_TURN[0]), ("L", KEEP_TURN[1])):
+        first_tokens = run(llm, [turn])[0]["tokens"]
+        back_tokens = run(llm, [turn + first_tokens + KEEP_TOOL])[0]["tokens"]
+        ref["keep"][name] = [first_tokens, back_tokens]
     result["ref"] = ref
     close(llm)
 
@@ -262,6 +302,14 @@ def main() -> None:
                        num_blocks=24, timeout_s=2.0, retry_interval_s=1.0)
         timings["engine3_start"] = time.monotonic() - t3
         result["squeeze"] = run(llm, SQUEEZE, max_tokens=SQUEEZE_TOKENS)
+        close(llm)
+
+        # ---- engine 4: HBM keep decided by the sidecar's policy, on a 24-block cache
+        t4 = time.monotonic()
+        llm = make_llm(model_dir, addr, block_size=BLOCK, max_model_len=512, max_num_seqs=4,
+                       num_blocks=24, timeout_s=2.0, retry_interval_s=1.0, hold_max_ms=5000)
+        timings["engine4_start"] = time.monotonic() - t4
+        result["keep"] = hbm_keep(llm)
         close(llm)
     finally:
         sidecar.stop()

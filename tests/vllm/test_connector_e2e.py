@@ -157,6 +157,38 @@ def test_preemption_with_saves_in_flight(results: dict[str, Any]) -> None:
     assert totals["saved_blocks"] > 0
 
 
+def test_hbm_keep_is_the_policys_decision(results: dict[str, Any]) -> None:
+    """A short tool call: the sidecar's policy keeps the session's blocks in the engine
+    (its next request hits them with no load, after pressure that evicts every free
+    block); a long one: released, and the next request loads them from the sidecar; a
+    session end: released. A keep past the hold budget is refused."""
+    keep, ref = results["keep"], results["ref"]["keep"]
+    for name in ("K", "L"):
+        k = keep[name]
+        assert [k["first"]["tokens"], k["back"]["tokens"]] == ref[name], name
+    short, long = keep["K"], keep["L"]
+    assert short["back_after_s"] < 4.0, short["back_after_s"]  # back within the keep
+    assert short["first"]["kv"]["keep_ms"] == 4000 and short["first"]["kv"]["held_ms"] == 4000
+    # 150 prompt + 8 answer tokens: 4 full blocks, all reused from the engine's cache.
+    assert short["back"]["num_cached_tokens"] >= 4 * BLOCK, short["back"]
+    assert _loaded(short["back"]) == 0  # (the sidecar holds them too: not needed)
+    # The same 4 s keep asked while K's 5 blocks are held: over the budget of 6.
+    refused = short["pressure"][0]["kv"]
+    assert refused["keep_ms"] == 4000 and refused["held_ms"] == 0, refused
+    assert long["first"]["kv"]["keep_ms"] == 0 and long["first"]["kv"]["held_ms"] == 0
+    # Released and evicted by the pressure: loaded back from the sidecar (from disk:
+    # the 60 s wait moved them down), what vLLM still had locally aside.
+    assert _loaded(long["back"]) >= 2 * BLOCK, long["back"]
+    assert long["back"]["num_cached_tokens"] >= 4 * BLOCK
+    assert long["back"]["kv"]["hit_media"], long["back"]["kv"]
+    for turn in (short["back"], long["back"]):  # a session end: nothing kept
+        assert turn["kv"]["event"] == "session_end" and turn["kv"]["held_ms"] == 0
+    for k in keep.values():
+        for out in [k["first"], *k["pressure"], k["back"]]:
+            kv = out["kv"]
+            assert kv["held_blocks_max"] <= kv["hold_budget_blocks"] == 6, kv
+
+
 def test_scheduler_side_against_fakes(vllm_python: str) -> None:
     """Load/save planning, sidecar down, hints and holds: no engine, seconds."""
     why = _check_vllm_python(vllm_python)
