@@ -1,8 +1,9 @@
 """ZMQ publisher, byte-compatible with vLLM's ``ZmqEventPublisher``.
 
 * PUB socket: multipart ``(topic, seq as 8-byte big-endian, msgpack KVEventBatch)``;
-  bound when the endpoint has ``*``, ``::``, ``ipc://`` or ``inproc://``, connected
-  otherwise (``tcp://127.0.0.1:*`` binds loopback on a free port).
+  bound or connected as ``events.endpoint_mode`` says (``auto``: bound when the
+  endpoint has ``*``, ``::``, ``ipc://`` or ``inproc://``, connected otherwise;
+  ``tcp://127.0.0.1:*`` binds loopback on a free port).
 * ROUTER replay socket (always bound): a client sends the start sequence as
   8 bytes big-endian (REQ envelope ``["", start]``); it gets every buffered batch
   with ``seq >= start`` as ``(id, "", topic, seq, payload)`` and then the end
@@ -24,7 +25,7 @@ import zmq.asyncio
 
 from kvstore.errors import ConfigError
 from kvstore.events.bus import PublishedBatch, ReplayBuffer
-from kvstore.events.config import EventsConfig, is_bind_endpoint
+from kvstore.events.config import EventsConfig
 
 __all__ = ["END_SEQ", "ZmqPublisher"]
 
@@ -53,7 +54,7 @@ class ZmqPublisher:
         pub.set_hwm(self.config.hwm)
         pub.setsockopt(zmq.LINGER, 1000)
         try:
-            if is_bind_endpoint(self.endpoint):
+            if self.config.binds:
                 pub.bind(self.endpoint)
                 self.endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
             else:

@@ -119,8 +119,13 @@ class KVStoreServer:
         cfg = self.cfg
         os.makedirs(cfg.data_dir, exist_ok=True)
         from kvstore.events import VllmCacheMirror, build_bus, build_ingest
+        from kvstore.events.config import DEFAULT_MODEL
 
         events_cfg = _events_config(cfg)
+        if events_cfg.enabled and not events_cfg.topic and events_cfg.model == DEFAULT_MODEL:
+            log.warning("events.model is not set: topics read %s; set it to the served "
+                        "model name so routers match this pod's events to requests",
+                        events_cfg.effective_topic)
         # With [events] enabled = false nothing goes out over ZMQ; gRPC SubscribeEvents
         # still works.
         self.events = build_bus(events_cfg)
