@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -117,7 +118,9 @@ class KVStoreServer:
 
     async def _start(self) -> None:
         cfg = self.cfg
-        os.makedirs(cfg.data_dir, exist_ok=True)
+        from kvstore.tiers.segment import make_private_dir
+
+        make_private_dir(Path(cfg.data_dir))
         from kvstore.events import VllmCacheMirror, build_bus, build_ingest
         from kvstore.events.config import DEFAULT_MODEL
 
