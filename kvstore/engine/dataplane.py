@@ -81,7 +81,7 @@ class SlotPlane:
                         out.append(None)
                         continue
                 else:
-                    await eng.make_room(self.tier.name, size, protect)
+                    await eng.make_room(self.tier.name, size, protect, namespace)
                 new = self.slots.reserve(size)
                 eng.leases.add_reservation(Reservation(
                     BlockKey(namespace, h), new, self.tier.name, now + eng.lease_seconds, owner,

@@ -1,0 +1,92 @@
+"""Per-tenant quotas: a tenant past its limit in a tier gives up its own blocks there
+(or its blocks spill / are refused), never another tenant's."""
+
+from __future__ import annotations
+
+import pytest
+from kvstore.policies import TierSpec
+
+from kvstore import policies
+from kvstore.engine.core import Engine
+from kvstore.engine.quotas import Quota, Quotas
+from kvstore.events import RecordingSink
+from kvstore.tiers.memory import MemoryTier
+from kvstore.types import Medium
+
+from .test_engine import Clock, new_blocks
+
+KiB = 1024
+
+
+def two_tiers(policy: str, quotas: list[Quota], **kw: object) -> Engine:
+    fast = MemoryTier(64 * KiB, name="fast", medium=Medium.CPU)
+    slow = MemoryTier(256 * KiB, name="slow", medium=Medium.DISK)
+    specs = [TierSpec(t.name, t.capacity_bytes) for t in (fast, slow)]
+    return Engine([fast, slow], policies.create(policy, specs), RecordingSink(), clock=Clock(),
+                  quotas=quotas, **kw)  # type: ignore[arg-type]
+
+
+def held(eng: Engine, prefix: str, tier: str) -> int:
+    return sum(e.meta.size for e in eng.index.entries()
+               if e.key.namespace.startswith(prefix) and tier in e.tiers)
+
+
+@pytest.mark.parametrize("policy", ["lru", "workload"])
+@pytest.mark.parametrize("write_back", [False, True])
+async def test_a_tenant_over_its_quota_evicts_only_its_own_blocks(
+        policy: str, write_back: bool) -> None:
+    quota = Quota("tenant-a/", {"fast": 16 * KiB, "slow": 48 * KiB})
+    eng = two_tiers(policy, [quota], write_back=write_back)
+    await eng.start()
+    other = new_blocks(10, seed=100)  # 40 KiB of tenant b, no quota
+    assert await eng.put("tenant-b/m", other) == (10, 0)
+    await eng.mover.drain()
+    b_hashes = [b.block_hash for b in other]
+    for i in range(40):  # 40 requests of 4 blocks (640 KiB) from tenant a
+        blocks = new_blocks(4, seed=i)
+        stored, _ = await eng.put("tenant-a/m", blocks, session_id=f"s{i}")
+        assert stored >= 1
+        await eng.mover.drain()
+        assert held(eng, "tenant-a/", "fast") <= 16 * KiB
+        assert held(eng, "tenant-a/", "slow") <= 48 * KiB
+        # the other tenant keeps every block, in the tier it was in
+        assert eng.lookup("tenant-b/m", b_hashes) == [Medium.CPU] * 10
+    assert eng.quotas.used(quota, "fast") == held(eng, "tenant-a/", "fast") > 0
+    assert eng.quotas.used(quota, "slow") == held(eng, "tenant-a/", "slow") > 0
+    usage = {u.tier: u for u in eng.quotas.usage()}
+    assert usage["fast"].limit_bytes == 16 * KiB and usage["fast"].evictions > 0
+    assert usage["slow"].used_bytes <= 48 * KiB
+    # the latest request of tenant a is served (its own older blocks made room)
+    assert eng.lookup("tenant-a/m", [b.block_hash for b in new_blocks(4, seed=39)])[0] in (
+        Medium.CPU, Medium.DISK)
+    await eng.close()
+
+
+async def test_a_put_larger_than_the_quota_spills_then_is_cut() -> None:
+    eng = two_tiers("lru", [Quota("a/", {"fast": 8 * KiB, "slow": 8 * KiB})],
+                    write_back=False)
+    await eng.start()
+    blocks = new_blocks(6)  # 24 KiB: 2 blocks fit in each tier's quota
+    assert await eng.put("a/x", blocks) == (4, 0)
+    assert eng.lookup("a/x", [b.block_hash for b in blocks]) == (
+        [Medium.CPU] * 2 + [Medium.DISK] * 2)
+    assert eng.stats.puts_cut == 1
+    refused = {u.tier: u.refused for u in eng.quotas.usage()}
+    assert refused["fast"] >= 1 and refused["slow"] >= 1
+    await eng.close()
+
+
+async def test_longest_prefix_wins_and_no_quota_counts_nothing() -> None:
+    qs = Quotas([Quota("t/", {"fast": 10}), Quota("t/big/", {"fast": 100})])
+    assert qs.quota_of("t/big/x").prefix == "t/big/"  # type: ignore[union-attr]
+    assert qs.quota_of("t/x").prefix == "t/"  # type: ignore[union-attr]
+    assert qs.quota_of("u/x") is None
+    qs.charge("t/x", "fast", 6)
+    assert qs.excess("t/x", "fast", 5) == 1 and qs.excess("t/big/y", "fast", 5) == 0
+    assert qs.excess("u/x", "fast", 10**9) == 0 and qs.excess("t/x", "slow", 10**9) == 0
+    eng = two_tiers("lru", [])
+    assert not eng.quotas and eng.index.on_bytes is None
+    with pytest.raises(ValueError, match="unknown tiers"):
+        two_tiers("lru", [Quota("a/", {"dram": 1})])
+    with pytest.raises(ValueError, match="unique"):
+        Quotas([Quota("a/", {}), Quota("a/", {})])
