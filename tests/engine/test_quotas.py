@@ -90,3 +90,27 @@ async def test_longest_prefix_wins_and_no_quota_counts_nothing() -> None:
         two_tiers("lru", [Quota("a/", {"dram": 1})])
     with pytest.raises(ValueError, match="unique"):
         Quotas([Quota("a/", {}), Quota("a/", {})])
+
+
+async def test_quotas_show_in_stats_and_metrics() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
+    from kvstore.metrics import EngineCollector
+    from kvstore.server.servicer import KVStoreServicer
+
+    eng = two_tiers("lru", [Quota("a/", {"fast": 8 * KiB})], write_back=False)
+    await eng.start()
+    await eng.put("a/x", new_blocks(3))  # 2 fit the quota in fast, 1 spills to slow
+    stats = await KVStoreServicer(eng).Stats(pb.StatsRequest(), None)
+    (q,) = stats.quotas
+    assert (q.namespace_prefix, q.tier, q.limit_bytes, q.used_bytes) == (
+        "a/", "fast", 8 * KiB, 8 * KiB)
+    assert q.refused >= 1
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(eng))
+    body = generate_latest(registry).decode()
+    assert 'kvstore_quota_limit_bytes{prefix="a/",tier="fast"} 8192.0' in body
+    assert 'kvstore_quota_used_bytes{prefix="a/",tier="fast"} 8192.0' in body
+    assert 'kvstore_quota_refused_total{prefix="a/",tier="fast"}' in body
+    await eng.close()
