@@ -54,6 +54,10 @@ class EventsConfig:
     pod: str = ""
     model: str = DEFAULT_MODEL
     include_token_ids: bool = True
+    #: ZeroMQ certificate with the sockets' CURVE secret key; empty: no encryption.
+    curve_secret_key_file: str = ""
+    #: Directory of the public certificates of the clients allowed to subscribe.
+    curve_client_keys_dir: str = ""
     encoding: Encoding = "map"
     hash_format: HashFormat = "int"
     buffer_steps: int = 10_000
@@ -100,6 +104,10 @@ class EventsConfig:
                 f"events.endpoint_mode must be one of {', '.join(ENDPOINT_MODES)}; "
                 f"got {self.endpoint_mode!r}"
             )
+        if bool(self.curve_secret_key_file) != bool(self.curve_client_keys_dir):
+            raise ConfigError(
+                "events.curve_secret_key_file / events.curve_client_keys_dir: set both "
+                "(CURVE on) or neither")
         if not self.topic:
             if not self.model:
                 raise ConfigError(

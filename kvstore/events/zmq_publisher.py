@@ -9,6 +9,10 @@
   with ``seq >= start`` as ``(id, "", topic, seq, payload)`` and then the end
   marker ``(id, "", "", seq -1, "")``.
 
+With ``events.curve_secret_key_file`` both sockets are CURVE servers on a context
+of their own, whose authenticator admits only the configured clients
+(:mod:`kvstore.events.curve`).
+
 The PUB socket is used only from the event loop thread the bus runs on; a slow
 subscriber past the high-water mark loses messages (ZMQ drops), which it
 detects as a sequence gap and repairs through replay.
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import TYPE_CHECKING
 
 import zmq
 import zmq.asyncio
@@ -26,6 +31,9 @@ import zmq.asyncio
 from kvstore.errors import ConfigError
 from kvstore.events.bus import PublishedBatch, ReplayBuffer
 from kvstore.events.config import EventsConfig
+
+if TYPE_CHECKING:
+    from kvstore.events.curve import CurveServer
 
 __all__ = ["END_SEQ", "ZmqPublisher"]
 
@@ -39,6 +47,8 @@ class ZmqPublisher:
         self.config = config
         self._replay = replay
         self._topic = config.effective_topic.encode()
+        self._curve: CurveServer | None = None
+        self._own_ctx = False
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._actx = zmq.asyncio.Context.instance()
         self._pub: zmq.Socket[bytes] | None = None
@@ -50,7 +60,21 @@ class ZmqPublisher:
         self.replays_served = 0
 
     async def start(self) -> None:
+        if self.config.curve_secret_key_file:
+            from kvstore.events.curve import CurveServer
+
+            curve = CurveServer(self.config.curve_secret_key_file,
+                                self.config.curve_client_keys_dir)
+            # A context of our own (the ZAP handler answers for every socket of a context),
+            # shared by the PUB socket and the asyncio ROUTER.
+            self._ctx = zmq.Context()
+            self._actx = zmq.asyncio.Context(shadow=self._ctx.underlying)
+            self._own_ctx = True
+            curve.start(self._ctx)
+            self._curve = curve
         pub = self._ctx.socket(zmq.PUB)
+        if self._curve is not None:
+            self._curve.apply(pub)
         pub.set_hwm(self.config.hwm)
         pub.setsockopt(zmq.LINGER, 1000)
         try:
@@ -61,18 +85,22 @@ class ZmqPublisher:
                 pub.connect(self.endpoint)
         except zmq.ZMQError as exc:
             pub.close(0)
+            self._release()
             raise ConfigError(f"events.endpoint {self.endpoint!r}: {exc}") from exc
         self._pub = pub
         if self.replay_endpoint:
             router = self._actx.socket(zmq.ROUTER)
             router.setsockopt(zmq.LINGER, 0)
             router.setsockopt(zmq.SNDHWM, 0)
+            if self._curve is not None:
+                self._curve.apply(router)
             try:
                 router.bind(self.replay_endpoint)
             except zmq.ZMQError as exc:
                 router.close(0)
                 pub.close(0)
                 self._pub = None
+                self._release()
                 raise ConfigError(
                     f"events.replay_endpoint {self.replay_endpoint!r}: {exc}"
                 ) from exc
@@ -120,3 +148,13 @@ class ZmqPublisher:
         if self._pub is not None:
             self._pub.close()  # LINGER 1 s: batches already queued still go out
             self._pub = None
+        self._release()
+
+    def _release(self) -> None:
+        """Stop the authenticator and end the context of our own (CURVE only)."""
+        if self._curve is not None:
+            self._curve.stop()
+            self._curve = None
+        if self._own_ctx:
+            self._ctx.term()  # waits for the PUB socket's linger
+            self._own_ctx = False
