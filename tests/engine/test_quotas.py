@@ -114,3 +114,33 @@ async def test_quotas_show_in_stats_and_metrics() -> None:
     assert 'kvstore_quota_used_bytes{prefix="a/",tier="fast"} 8192.0' in body
     assert 'kvstore_quota_refused_total{prefix="a/",tier="fast"}' in body
     await eng.close()
+
+
+async def test_shared_memory_reservations_respect_the_quota() -> None:
+    from kvstore.policies.lru import LRUPolicy
+
+    from kvstore.engine.blocks import NewBlock
+    from kvstore.engine.dataplane import SlotPlane
+    from kvstore.tiers.dram import DramTier
+
+    dram = DramTier(64 * KiB, segment_prefix="kvtest")
+    eng = Engine([dram], LRUPolicy([TierSpec(dram.name, dram.capacity_bytes)]),
+                 RecordingSink(), clock=Clock(), quotas=[Quota("a/", {dram.name: 8 * KiB})])
+    plane = SlotPlane(eng, dram)
+
+    async def write(ns: str, blocks: list[NewBlock]) -> int:
+        slots = await plane.reserve(ns, [(b.block_hash, len(b.payload)) for b in blocks])
+        items = []
+        for slot, b in zip(slots, blocks, strict=True):
+            if slot is not None:
+                plane.view(slot)[:] = b.payload
+                items.append((slot, NewBlock(b.block_hash, b.parent_hash, b.token_ids, b"")))
+        return await plane.commit(ns, items)
+
+    other = new_blocks(8, seed=50)
+    assert await write("b/x", other) == 8
+    for i in range(6):  # one block per request: each evicts tenant a's oldest
+        assert await write("a/x", new_blocks(1, seed=i)) == 1
+        assert held(eng, "a/", dram.name) <= 8 * KiB
+    assert eng.lookup("b/x", [b.block_hash for b in other]) == [Medium.CPU] * 8
+    await eng.close()
