@@ -18,7 +18,14 @@ from kvstore.engine.blocks import NewBlock, check_payload, new_meta
 from kvstore.engine.core import Engine
 from kvstore.engine.index import Entry
 from kvstore.engine.leases import Lease, Reservation, check_lease_seconds
-from kvstore.errors import BadDescriptor, BlockNotFound, DataCorruption, InvalidBlock, TierFull
+from kvstore.errors import (
+    BadDescriptor,
+    BlockNotFound,
+    DataCorruption,
+    InvalidBlock,
+    QuotaExceeded,
+    TierFull,
+)
 from kvstore.tiers.base import Slot, SlotTier, Tier
 from kvstore.types import BlockKey, BlockMeta, Workload, check_hash
 
@@ -67,6 +74,9 @@ class SlotPlane:
         target_of = dict(zip(fresh, targets, strict=True))
         protect = eng.request_keys(namespace, hashes, request_id)
         out: list[Slot | None] = []
+        #: bytes this call reserved in the tier for the block's own use (its tenant's
+        #: quota counts them before they are committed and indexed)
+        pending = 0
         try:
             for i, (h, size) in enumerate(items):
                 target = target_of.get(i)
@@ -81,7 +91,14 @@ class SlotPlane:
                         out.append(None)
                         continue
                 else:
-                    await eng.make_room(self.tier.name, size, protect, namespace)
+                    try:
+                        await eng.make_room(self.tier.name, size, protect, namespace, pending)
+                    except QuotaExceeded:
+                        # the tenant is at its quota here: this block and the rest of
+                        # its chain are not stored this time
+                        out.extend([None] * (len(items) - i))
+                        break
+                    pending += size
                 new = self.slots.reserve(size)
                 eng.leases.add_reservation(Reservation(
                     BlockKey(namespace, h), new, self.tier.name, now + eng.lease_seconds, owner,

@@ -25,7 +25,7 @@ from kvstore.engine.leases import Leases
 from kvstore.engine.mover import Mover, Transfer
 from kvstore.engine.quotas import OtherTenants, Quota, Quotas
 from kvstore.engine.stats import EngineStats
-from kvstore.errors import BlockNotFound, DataCorruption, TierFull
+from kvstore.errors import BlockNotFound, DataCorruption, QuotaExceeded, TierFull
 from kvstore.events import EventSink
 from kvstore.policies import Move, Policy
 from kvstore.tiers._common import check_size
@@ -123,13 +123,16 @@ class Placement:
 
     # -- capacity -------------------------------------------------------------------
     async def make_room(self, tier_name: str, size: int,
-                        extra: Container[Hashable] = (), namespace: str = "") -> None:
+                        extra: Container[Hashable] = (), namespace: str = "",
+                        quota_pending: int = 0) -> None:
         """Evict (demoting where the policy says) until ``size`` bytes fit in the tier;
         keys in ``extra`` are not evicted. With ``namespace`` under a quota, its tenant's
-        own blocks go first until the tenant stays within its limit there. Raises
-        TierFull when nothing more can go."""
+        own blocks go first until the tenant stays within its limit there, counting
+        ``quota_pending`` bytes it holds there but not yet in the index (reserved
+        slots). Raises TierFull when nothing more can go (QuotaExceeded when the
+        quota is what cannot be met)."""
         if namespace and self.quotas:
-            await self._within_quota(namespace, tier_name, size, extra)
+            await self._within_quota(namespace, tier_name, size + quota_pending, extra)
         tier = self.tiers[tier_name]
         if tier.can_fit(size):
             return
@@ -177,7 +180,7 @@ class Placement:
             if quotas.excess(namespace, tier_name, size) <= 0:
                 return
         quotas.refused[counter] += 1
-        raise TierFull(
+        raise QuotaExceeded(
             f"namespace {namespace!r} is at its quota in tier {tier_name!r} (prefix "
             f"{quota.prefix!r}: {quotas.used(quota, tier_name)}/{limit} bytes) and none of "
             f"its own blocks there can make room for {size} bytes")

@@ -142,5 +142,11 @@ async def test_shared_memory_reservations_respect_the_quota() -> None:
     for i in range(6):  # one block per request: each evicts tenant a's oldest
         assert await write("a/x", new_blocks(1, seed=i)) == 1
         assert held(eng, "a/", dram.name) <= 8 * KiB
+    # one reservation of 4 blocks: what it reserved counts before it is committed, so
+    # the chain is cut where the quota ends
+    chain = new_blocks(4, seed=100)
+    assert await write("a/y", chain) == 2
+    assert held(eng, "a/", dram.name) <= 8 * KiB
+    assert eng.lookup("a/y", [b.block_hash for b in chain]) == [Medium.CPU] * 2
     assert eng.lookup("b/x", [b.block_hash for b in other]) == [Medium.CPU] * 8
     await eng.close()
