@@ -137,3 +137,31 @@ def test_curve_settings_are_checked(keys: dict[str, str], tmp_path: Path) -> Non
                            curve_client_keys_dir=keys["clients"])
     with pytest.raises(ConfigError, match="events.curve_secret_key_file: cannot read"):
         asyncio.run(build_bus(missing).start())
+
+
+async def test_the_subscriber_with_keys_syncs_through_replay(keys: dict[str, str]) -> None:
+    from kvstore.events.zmq_subscriber import ZmqSubscriber
+
+    bus = build_bus(_cfg(keys))
+    await bus.start()
+    got: list[int] = []
+    sub = ZmqSubscriber(_pub(bus).endpoint, lambda seq, batch: got.append(seq),
+                        replay_endpoint=_pub(bus).replay_endpoint, topic=TOPIC.decode(),
+                        start_seq=0, curve=(keys["server_public"], keys["client"]))
+    try:
+        for i in range(3):  # before the subscriber: only replay can deliver these
+            bus.block_stored(chain(list(range(i * 64, i * 64 + 64))), Medium.CPU)
+            bus.flush()
+        await sub.start()
+        await asyncio.wait_for(sub.synced.wait(), 5)
+        await asyncio.sleep(0.3)
+        bus.block_stored(chain(list(range(1000, 1064))), Medium.CPU)
+        bus.flush()
+        for _ in range(200):
+            if len(got) == 4:
+                break
+            await asyncio.sleep(0.01)
+        assert got == [0, 1, 2, 3]
+    finally:
+        await sub.close()
+        await bus.close()
