@@ -9,6 +9,7 @@ lifecycle: this class only drives its primitives for the slot tier.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -23,6 +24,7 @@ from kvstore.errors import (
     BlockNotFound,
     DataCorruption,
     InvalidBlock,
+    KVStoreError,
     QuotaExceeded,
     TierFull,
 )
@@ -136,7 +138,7 @@ class SlotPlane:
         placed: list[Entry] = []
         sid = eng.meta_session(namespace, session_id, request_id,
                                [b.block_hash for _, b in items])
-        for desc, b in items:
+        for i, (desc, b) in enumerate(items):
             r = eng.leases.take_reservation(desc.slot_id, now, owner)
             if desc != r.slot:
                 eng.leases.add_reservation(r)
@@ -161,6 +163,14 @@ class SlotPlane:
             if r.target != self.tier.name and r.target is not None:
                 try:
                     entry = await eng.store_copy(meta, view, r.target, request_id)
+                except QuotaExceeded as exc:
+                    # its tenant is at its quota in the target tier: this block and the
+                    # rest of its chain are not stored; their slots are freed
+                    log.info("commit stops at %s: %s", meta.key, exc)
+                    for rest, _ in items[i + 1:]:
+                        with contextlib.suppress(KVStoreError):
+                            self.abort([rest.slot_id], owner)
+                    break
                 finally:
                     self.slots.abort(r.slot)
             else:

@@ -150,3 +150,40 @@ async def test_shared_memory_reservations_respect_the_quota() -> None:
     assert eng.lookup("a/y", [b.block_hash for b in chain]) == [Medium.CPU] * 2
     assert eng.lookup("b/x", [b.block_hash for b in other]) == [Medium.CPU] * 8
     await eng.close()
+
+
+async def test_a_commit_staged_for_a_tier_at_its_quota_stops_there() -> None:
+    from kvstore.policies import Plan, RequestInfo
+    from kvstore.policies.lru import LRUPolicy
+
+    from kvstore.engine.blocks import NewBlock
+    from kvstore.engine.dataplane import SlotPlane
+    from kvstore.tiers.dram import DramTier
+
+    class ToSlow(LRUPolicy):  # every new block belongs in the slower tier
+        def on_request(self, req: RequestInfo, now: float) -> Plan:
+            return Plan(admit={k: "slow" for k, t in zip(req.keys, req.hit_tiers,
+                                                         strict=True) if t is None})
+
+    dram = DramTier(64 * KiB, segment_prefix="kvtest")
+    slow = MemoryTier(256 * KiB, name="slow", medium=Medium.DISK)
+    specs = [TierSpec(t.name, t.capacity_bytes) for t in (dram, slow)]
+    eng = Engine([dram, slow], ToSlow(specs), RecordingSink(), clock=Clock(), write_back=False,
+                 quotas=[Quota("a/", {"slow": 8 * KiB})])
+    await eng.start()
+    plane = SlotPlane(eng, dram)
+    blocks = new_blocks(4)
+    assert eng.lookup("a/x", [b.block_hash for b in blocks], request_id="r1") == []
+    slots = await plane.reserve("a/x", [(b.block_hash, len(b.payload)) for b in blocks],
+                                request_id="r1")
+    assert all(s is not None for s in slots)  # staged in shared memory, bound for slow
+    for slot, b in zip(slots, blocks, strict=True):
+        plane.view(slot)[:] = b.payload  # type: ignore[arg-type]
+    items = [(s, NewBlock(b.block_hash, b.parent_hash, b.token_ids, b""))
+             for s, b in zip(slots, blocks, strict=True)]
+    # the first two fit the quota; protected as the request's own, nothing else can go
+    assert await plane.commit("a/x", items, request_id="r1") == 2  # type: ignore[arg-type]
+    assert eng.lookup("a/x", [b.block_hash for b in blocks]) == [Medium.DISK] * 2
+    assert dram.used_bytes == 0  # every staging slot freed, committed or not
+    assert not eng.leases.reserved
+    await eng.close()
