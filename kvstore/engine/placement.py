@@ -174,9 +174,7 @@ class Placement:
                 victims = self.policy.evict(tier_name, need, protected, now)
                 if not victims:
                     break
-                before = self.stats.evictions[tier_name]
-                await self._evict(victims, tier_name, now, extra)
-                quotas.evictions[counter] += self.stats.evictions[tier_name] - before
+                quotas.evictions[counter] += await self._evict(victims, tier_name, now, extra)
             if quotas.excess(namespace, tier_name, size) <= 0:
                 return
         quotas.refused[counter] += 1
@@ -186,14 +184,15 @@ class Placement:
             f"its own blocks there can make room for {size} bytes")
 
     async def _evict(self, victims: Sequence[Hashable], tier_name: str, now: float,
-                     extra: Container[Hashable] = ()) -> None:
+                     extra: Container[Hashable] = ()) -> int:
         """Demote the victims where the policy says, parents first (so the slower tier
         announces a chain head first), then drop them here, children first (so this
         tier's chains shrink from their ends). The room a demotion makes below spares
-        ``extra`` too."""
+        ``extra`` too. Returns how many were dropped here."""
         # Victims were chosen before the awaits below: skip any that became pinned or
         # started moving since.
         keys = [k for k in victims if isinstance(k, BlockKey) and not self.is_protected(k)]
+        dropped = 0
         for key in reversed(keys):
             entry = self.index.get(key)
             if entry is None or tier_name not in entry.tiers:
@@ -213,7 +212,9 @@ class Placement:
             if key in self._in_flight:
                 continue  # another copy of it started meanwhile; leave it, evict others
             self.stats.evictions[tier_name] += 1
+            dropped += 1
             await self._drop(key, tier_name)
+        return dropped
 
     # -- placement --------------------------------------------------------------------
     async def _store(self, meta: BlockMeta, payload: bytes | memoryview, tier_name: str,
