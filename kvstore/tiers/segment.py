@@ -83,7 +83,7 @@ def make_private_dir(path: Path) -> None:
     if stat.S_IMODE(path.stat().st_mode) & ~DIR_MODE:
         try:
             path.chmod(DIR_MODE)
-        except PermissionError as exc:
+        except OSError as exc:  # not ours (a volume's mount point), read-only, ...
             logging.getLogger(__name__).warning(
                 "cannot make %s owner-only (%s); its files are still 0600", path, exc)
 
