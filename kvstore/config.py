@@ -20,6 +20,11 @@ Example ``kvstore.toml``::
     [redis]                      # the tier shared between hosts (off by default)
     enabled = true
     url = "redis://redis:6379/0" # or cluster_nodes = ["10.0.0.1:6379", "10.0.0.2:6379"]
+
+    [[quotas]]                   # per-tenant limits (none by default), one table each
+    namespace_prefix = "tenant-a/"
+    dram = "512MiB"
+    disk = "20GiB"
 """
 
 from __future__ import annotations
@@ -35,8 +40,8 @@ from typing import Any
 
 from kvstore.errors import ConfigError
 
-__all__ = ["Config", "DiskConfig", "DramConfig", "EngineConfig", "RedisConfig", "ServerConfig",
-           "build_section", "load_config", "parse_size"]
+__all__ = ["Config", "DiskConfig", "DramConfig", "EngineConfig", "QuotaConfig", "RedisConfig",
+           "ServerConfig", "build_section", "load_config", "parse_size"]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -284,6 +289,27 @@ class EngineConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class QuotaConfig:
+    """One tenant's byte limits per tier (a ``[[quotas]]`` table); 0 = no limit there.
+
+    The tenant is every namespace starting with ``namespace_prefix`` (the longest
+    matching prefix wins). Past its limit in a tier the tenant's own blocks there are
+    evicted first; when none of them can go, its new block is not stored in that tier
+    (a put spills into the next tier, or is cut at the last). Other tenants' blocks
+    are never evicted for it. Limits count block payload bytes."""
+
+    namespace_prefix: str = ""
+    dram: int = 0
+    disk: int = 0
+    redis: int = 0
+
+    def limits(self) -> dict[str, int]:
+        """Tier name -> limit, for the limits that are set."""
+        return {t: v for t, v in (("dram", self.dram), ("disk", self.disk),
+                                  ("redis", self.redis)) if v > 0}
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     data_dir: str = "./kvstore-data"
     log_level: str = "INFO"
@@ -295,6 +321,8 @@ class Config:
     #: Event stream settings, validated by kvstore.events (kept raw here so the
     #: events package owns its own schema).
     events: Mapping[str, Any] = field(default_factory=dict)
+    #: Per-tenant byte limits per tier (``[[quotas]]`` tables); none by default.
+    quotas: tuple[QuotaConfig, ...] = ()
 
     @property
     def disk_path(self) -> Path:
@@ -310,11 +338,31 @@ class Config:
         if not (self.dram.enabled or self.disk.enabled or self.redis.enabled):
             raise ConfigError(
                 "dram.enabled / disk.enabled / redis.enabled: at least one tier must be enabled")
+        self._validate_quotas()
         return self
+
+    def _validate_quotas(self) -> None:
+        seen: set[str] = set()
+        enabled = {"dram": self.dram.enabled, "disk": self.disk.enabled,
+                   "redis": self.redis.enabled}
+        for i, q in enumerate(self.quotas):
+            what = f"quotas[{i}]"
+            if not q.namespace_prefix:
+                raise ConfigError(f"{what}.namespace_prefix: must be a non-empty string")
+            if q.namespace_prefix in seen:
+                raise ConfigError(f"{what}.namespace_prefix: {q.namespace_prefix!r} appears "
+                                  "twice; one table per prefix")
+            seen.add(q.namespace_prefix)
+            if not q.limits():
+                raise ConfigError(f"{what}: set at least one of dram, disk, redis (bytes)")
+            for tier in q.limits():
+                if not enabled[tier]:
+                    raise ConfigError(f"{what}.{tier}: a limit for a tier that is not "
+                                      f"enabled ({tier}.enabled = false)")
 
 
 _SIZE_FIELDS = {"capacity", "max_block_bytes", "max_message_bytes", "chunk_bytes",
-                "segment_size"}
+                "segment_size", "dram", "disk", "redis"}
 _SECTIONS = {"server": ServerConfig, "dram": DramConfig, "disk": DiskConfig,
              "engine": EngineConfig, "redis": RedisConfig}
 
@@ -384,6 +432,12 @@ def _merge(cfg: Config, raw: Mapping[str, Any]) -> Config:
             if not isinstance(value, Mapping):
                 raise ConfigError(f"[events]: expected a table, got {value!r}")
             updates[key] = {**cfg.events, **value}
+        elif key == "quotas":  # a later source replaces the whole list
+            if not isinstance(value, list | tuple):
+                raise ConfigError(f"quotas: expected an array of tables ([[quotas]]), "
+                                  f"got {value!r}")
+            updates[key] = tuple(_section(f"quotas[{i}]", QuotaConfig, item, QuotaConfig())
+                                 for i, item in enumerate(value))
         elif key in top:
             updates[key] = _coerce("", key, top[key].type, value)
         else:
@@ -398,7 +452,7 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     Only names of our settings are read (other tools share the ``KVSTORE_``
     prefix, e.g. ``KVSTORE_VLLM_PYTHON``); a misspelt field of a known section
     (``KVSTORE_DRAM__CAPACTY``) is still an error naming it."""
-    top = {f.name for f in fields(Config)} - set(_SECTIONS) - {"events"}
+    top = {f.name for f in fields(Config)} - set(_SECTIONS) - {"events", "quotas"}
     sections = set(_SECTIONS) | {"events"}
     out: dict[str, Any] = {}
     for name, value in env.items():

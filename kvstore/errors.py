@@ -16,6 +16,7 @@ was wrong and whether retrying can help::
     ├── ResourceExhausted        RESOURCE_EXHAUSTED  no room, now or ever
     │   ├── BlockTooLargeForTier       block bigger than a whole tier
     │   └── TierFull                   nothing evictable frees enough room
+    │       └── QuotaExceeded                the tenant is at its quota in the tier
     ├── PermissionDenied         PERMISSION_DENIED   not yours (another client's slot or lease)
     ├── FailedPrecondition       FAILED_PRECONDITION state does not allow it
     │   ├── UnknownReservation         commit of a slot never reserved (or expired)
@@ -46,6 +47,7 @@ __all__ = [
     "NamespaceNotFound",
     "NotFound",
     "PermissionDenied",
+    "QuotaExceeded",
     "PayloadTooLarge",
     "ResourceExhausted",
     "TierFull",
@@ -105,6 +107,11 @@ class BlockTooLargeForTier(ResourceExhausted):
 
 class TierFull(ResourceExhausted):
     pass
+
+
+class QuotaExceeded(TierFull):
+    """The namespace's tenant is at its quota in the tier and none of its own blocks
+    there can make room (``[[quotas]]``)."""
 
 
 class PermissionDenied(KVStoreError):

@@ -93,6 +93,27 @@ class EngineCollector(Collector):
         yield GaugeMetricFamily("kvstore_quarantined_slots",
                                 "Slots of expired reservations not yet reusable",
                                 value=eng.leases.quarantined)
+        yield from self._quotas()
+
+    def _quotas(self) -> Iterator[Any]:
+        """Per-tenant quotas (``[[quotas]]``): nothing when none is configured."""
+        labels = ["prefix", "tier"]
+        limit = GaugeMetricFamily("kvstore_quota_limit_bytes", "A tenant's byte limit in a tier",
+                                  labels=labels)
+        used = GaugeMetricFamily("kvstore_quota_used_bytes",
+                                 "Payload bytes of a tenant's blocks in a tier", labels=labels)
+        ev = CounterMetricFamily("kvstore_quota_evictions",
+                                 "A tenant's own blocks evicted to keep it within its quota",
+                                 labels=labels)
+        refused = CounterMetricFamily("kvstore_quota_refused",
+                                      "Blocks not stored in a tier: the tenant was at its quota",
+                                      labels=labels)
+        for u in self.engine.quotas.usage():
+            limit.add_metric([u.prefix, u.tier], u.limit_bytes)
+            used.add_metric([u.prefix, u.tier], u.used_bytes)
+            ev.add_metric([u.prefix, u.tier], u.evictions)
+            refused.add_metric([u.prefix, u.tier], u.refused)
+        yield from (limit, used, ev, refused)
 
 
     def _tier_ops(self) -> CounterMetricFamily:

@@ -65,3 +65,33 @@ def test_env_reads_only_our_settings():
     assert cfg.disk.capacity == 2 * 2**30
     with pytest.raises(ConfigError, match="dram.capacty: unknown field"):
         load_config(env={"KVSTORE_DRAM__CAPACTY": "1GiB"})
+
+
+def test_quotas_from_toml(tmp_path):
+    assert load_config(env={}).quotas == ()  # none by default
+    f = tmp_path / "kv.toml"
+    f.write_text('[[quotas]]\nnamespace_prefix = "tenant-a/"\ndram = "512MiB"\n'
+                 'disk = "2GiB"\n\n[[quotas]]\nnamespace_prefix = "tenant-b/"\ndisk = 4096\n')
+    a, b = load_config(f, env={}).quotas
+    assert a.namespace_prefix == "tenant-a/" and a.limits() == {
+        "dram": 512 * 2**20, "disk": 2 * 2**30}
+    assert b.limits() == {"disk": 4096}
+
+
+@pytest.mark.parametrize(("quotas", "message"), [
+    ({"namespace_prefix": "a/"}, "quotas[0]: set at least one of dram, disk, redis"),
+    ({"dram": "1GiB"}, "quotas[0].namespace_prefix: must be a non-empty string"),
+    ({"namespace_prefix": "a/", "dram": "lots"}, "quotas[0].dram: expected a size"),
+    ({"namespace_prefix": "a/", "ram": 1}, "quotas[0].ram: unknown field; valid: "),
+    ({"namespace_prefix": "a/", "redis": "1GiB"},
+     "quotas[0].redis: a limit for a tier that is not enabled"),
+])
+def test_bad_quotas_name_the_field(quotas, message):
+    import re
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(env={}, overrides={"quotas": [quotas]})
+    with pytest.raises(ConfigError, match=re.escape("appears twice")):
+        load_config(env={}, overrides={"quotas": [{"namespace_prefix": "a/", "dram": 1}] * 2})
+    with pytest.raises(ConfigError, match=re.escape("quotas: expected an array of tables")):
+        load_config(env={}, overrides={"quotas": {"namespace_prefix": "a/"}})

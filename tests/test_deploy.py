@@ -101,6 +101,15 @@ def test_compose_stack_shape() -> None:
     shm = parse_size(services["kvstore"]["shm_size"].upper().replace("GB", "GiB"), "shm_size")
     assert shm > parse_size(kv["KVSTORE_DRAM__CAPACITY"], "dram")
 
+    # only gRPC and vLLM's API are published, both on the host's loopback; the ZMQ event
+    # sockets keep their loopback defaults inside the container
+    published = {name: svc.get("ports", []) for name, svc in services.items()}
+    assert published["kvstore"] == ["127.0.0.1:50051:50051"]
+    assert published["vllm"] == ["127.0.0.1:8000:8000"]
+    assert not published["redis"] and not published["events"]
+    assert not any(k.startswith("KVSTORE_EVENTS__") and "ENDPOINT" in k for k in kv)
+    assert kv["KVSTORE_EVENTS__MODEL"].startswith("${VLLM_MODEL")
+
 
 def test_vllm_image_pins_what_the_tests_run() -> None:
     dockerfile = (REPO / "deploy" / "docker" / "vllm-cpu.Dockerfile").read_text()
@@ -131,7 +140,8 @@ def test_kubernetes_manifests_validate_against_the_schemas() -> None:
     kv = pytest.importorskip("kubernetes_validate",
                              reason="kubernetes-validate comes with the test extras")
     docs = _manifests()
-    assert {d["kind"] for d in docs} >= {"ConfigMap", "Deployment", "Service", "StatefulSet"}
+    assert {d["kind"] for d in docs} >= {"ConfigMap", "Deployment", "Service", "StatefulSet",
+                                         "NetworkPolicy"}
     for doc in docs:
         kv.validate(doc, K8S_VERSION, strict=True)  # raises on any unknown or bad field
 
@@ -172,6 +182,23 @@ def test_the_config_map_holds_a_kvstore_toml_kvstore_accepts(tmp_path: Path) -> 
     assert cfg.dram.capacity < _quantity(dshm["sizeLimit"])
     assert cfg.dram.capacity + gib <= _quantity(kvs["resources"]["limits"]["memory"])
     assert cfg.data_dir in {m["mountPath"] for m in kvs["volumeMounts"]}
+
+
+def test_network_policies_close_what_the_stack_does_not_need() -> None:
+    sidecar = _one("NetworkPolicy", "vllm-kvstore")["spec"]
+    assert sidecar["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "vllm-kvstore"}
+    opened = {p["port"]: rule.get("from") for rule in sidecar["ingress"] for p in rule["ports"]}
+    assert set(opened) == {8000, 9100, 5557, 5558}  # not 50051: vLLM uses it over loopback
+    assert all(opened[p] for p in (9100, 5557, 5558))  # each from labelled pods only
+    redis = _one("NetworkPolicy", "redis-cluster")["spec"]
+    sources = {p["port"]: [f["podSelector"]["matchLabels"]["app.kubernetes.io/name"]
+                           for f in rule["from"]]
+               for rule in redis["ingress"] for p in rule["ports"]}
+    assert set(sources[6379]) == {"vllm-kvstore", "redis-cluster", "redis-cluster-create"}
+    assert sources[16379] == ["redis-cluster"]
+    env = {e["name"]: e.get("value") for c in _one("Deployment", "vllm-kvstore")["spec"][
+        "template"]["spec"]["containers"] for e in c["env"]}
+    assert env["KVSTORE_EVENTS__MODEL"] == env["VLLM_MODEL"]
 
 
 def test_the_redis_cluster_reference() -> None:

@@ -27,6 +27,7 @@ from kvstore.engine.geometry import Geometry
 from kvstore.engine.index import Entry, reachable
 from kvstore.engine.mover import Transfer
 from kvstore.engine.placement import Placement
+from kvstore.engine.quotas import Quota
 from kvstore.engine.requests import UNPLANNED, OpenRequest, Requests
 from kvstore.engine.sessions import Sessions, scoped
 from kvstore.errors import InvalidArgument, TierFull, Unavailable
@@ -84,8 +85,9 @@ class Engine(Placement):
         request_ttl_s: float = 600.0,
         session_ttl_s: float = 7200.0,
         bandwidth: Mapping[str, float] | None = None,
+        quotas: Sequence[Quota] = (),
     ) -> None:
-        super().__init__(tiers, policy, events or NullSink(), clock, write_back)
+        super().__init__(tiers, policy, events or NullSink(), clock, write_back, quotas)
         self.lease_seconds = lease_seconds
         self.max_block_bytes = max_block_bytes
         #: Hashes (or blocks) one call may carry: Lookup, Get, Acquire, Reserve, Delete.
@@ -432,8 +434,8 @@ class Engine(Placement):
         total = sum(m.size for m in metas)
         tier_obj = self.tiers[tier]
         with contextlib.suppress(TierFull):
-            await self.make_room(tier, min(total, tier_obj.capacity_bytes), protect)
-        room = tier_obj.can_fit(total)
+            await self.make_room(tier, min(total, tier_obj.capacity_bytes), protect, ns)
+        room = tier_obj.can_fit(total) and self.fits_quota(ns, tier, total)
         get = index.get_hash
         for meta, payload in zip(metas, payloads, strict=True):
             if get(ns, meta.key.block_hash) is not None:

@@ -9,6 +9,7 @@ lifecycle: this class only drives its primitives for the slot tier.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -18,7 +19,15 @@ from kvstore.engine.blocks import NewBlock, check_payload, new_meta
 from kvstore.engine.core import Engine
 from kvstore.engine.index import Entry
 from kvstore.engine.leases import Lease, Reservation, check_lease_seconds
-from kvstore.errors import BadDescriptor, BlockNotFound, DataCorruption, InvalidBlock, TierFull
+from kvstore.errors import (
+    BadDescriptor,
+    BlockNotFound,
+    DataCorruption,
+    InvalidBlock,
+    KVStoreError,
+    QuotaExceeded,
+    TierFull,
+)
 from kvstore.tiers.base import Slot, SlotTier, Tier
 from kvstore.types import BlockKey, BlockMeta, Workload, check_hash
 
@@ -67,6 +76,9 @@ class SlotPlane:
         target_of = dict(zip(fresh, targets, strict=True))
         protect = eng.request_keys(namespace, hashes, request_id)
         out: list[Slot | None] = []
+        #: bytes this call reserved in the tier for the block's own use (its tenant's
+        #: quota counts them before they are committed and indexed)
+        pending = 0
         try:
             for i, (h, size) in enumerate(items):
                 target = target_of.get(i)
@@ -88,7 +100,14 @@ class SlotPlane:
                         out.append(None)
                         continue
                 elif target == self.tier.name:
-                    await eng.make_room(self.tier.name, size, protect)
+                    try:
+                        await eng.make_room(self.tier.name, size, protect, namespace, pending)
+                    except QuotaExceeded:
+                        # the tenant is at its quota here: this block and the rest of
+                        # its chain are not stored this time
+                        out.extend([None] * (len(items) - i))
+                        break
+                    pending += size
                 new = self.slots.reserve(size)
                 eng.leases.add_reservation(Reservation(
                     BlockKey(namespace, h), new, self.tier.name, now + eng.lease_seconds, owner,
@@ -126,7 +145,7 @@ class SlotPlane:
         placed: list[Entry] = []
         sid = eng.meta_session(namespace, session_id, request_id,
                                [b.block_hash for _, b in items])
-        for desc, b in items:
+        for i, (desc, b) in enumerate(items):
             r = eng.leases.take_reservation(desc.slot_id, now, owner)
             if desc != r.slot:
                 eng.leases.add_reservation(r)
@@ -151,6 +170,14 @@ class SlotPlane:
             if r.target != self.tier.name and r.target is not None:
                 try:
                     entry = await eng.store_copy(meta, view, r.target, request_id)
+                except QuotaExceeded as exc:
+                    # its tenant is at its quota in the target tier: this block and the
+                    # rest of its chain are not stored; their slots are freed
+                    log.info("commit stops at %s: %s", meta.key, exc)
+                    for rest, _ in items[i + 1:]:
+                        with contextlib.suppress(KVStoreError):
+                            self.abort([rest.slot_id], owner)
+                    break
                 finally:
                     self.slots.abort(r.slot)
             else:

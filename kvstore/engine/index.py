@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kvstore.errors import InvalidBlock, NamespaceNotFound
@@ -43,6 +43,9 @@ class Index:
         self._ns: dict[str, _Namespace] = {}
         #: blocks per tier, kept as locations change (stats never scan the index)
         self.tier_blocks: dict[str, int] = dict.fromkeys(tier_order, 0)
+        #: Told ``(namespace, tier, +-bytes)`` as a location is added or removed (the
+        #: engine's per-tenant quotas count usage this way).
+        self.on_bytes: Callable[[str, str, int], None] | None = None
 
     # -- validation -------------------------------------------------------------
     def check_hashes(self, namespace: str, hashes: list[bytes], *, create: bool = False) -> None:
@@ -112,6 +115,8 @@ class Index:
             entry.tiers.append(tier)
             entry.tiers.sort(key=self._rank.__getitem__)
             self.tier_blocks[tier] += 1
+            if self.on_bytes is not None:
+                self.on_bytes(meta.key.namespace, tier, entry.meta.size)
         return entry
 
     def remove_location(self, key: BlockKey, tier: str) -> Entry | None:
@@ -123,6 +128,8 @@ class Index:
         if tier in entry.tiers:
             entry.tiers.remove(tier)
             self.tier_blocks[tier] -= 1
+            if self.on_bytes is not None:
+                self.on_bytes(key.namespace, tier, -entry.meta.size)
         if not entry.tiers and ns is not None:
             del ns.blocks[key.block_hash]
             if not ns.blocks:

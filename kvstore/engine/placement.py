@@ -2,7 +2,8 @@
 
 Every byte a tier holds is placed or freed here, so the rules live once:
 capacity is made by asking the policy for victims (demoting them where it
-says); a copy between tiers checks the source bytes against their checksum; a
+says), and a tenant's quota by asking it for that tenant's victims only; a
+copy between tiers checks the source bytes against their checksum; a
 dropped copy's bytes are freed only once no reader, copy or request still holds
 them (a slot is never reused under a lease); every change tells the policy and
 the event stream.
@@ -22,8 +23,9 @@ from kvstore.engine.blocks import block_info
 from kvstore.engine.index import Entry, Index
 from kvstore.engine.leases import Leases
 from kvstore.engine.mover import Mover, Transfer
+from kvstore.engine.quotas import OtherTenants, Quota, Quotas
 from kvstore.engine.stats import EngineStats
-from kvstore.errors import BlockNotFound, DataCorruption, TierFull
+from kvstore.errors import BlockNotFound, DataCorruption, QuotaExceeded, TierFull
 from kvstore.events import EventSink
 from kvstore.policies import Move, Policy
 from kvstore.tiers._common import check_size
@@ -73,7 +75,8 @@ class Placement:
     """Tiers, index, policy and the primitives that move bytes between them."""
 
     def __init__(self, tiers: Sequence[Tier], policy: Policy, events: EventSink,
-                 clock: Callable[[], float], write_back: bool) -> None:
+                 clock: Callable[[], float], write_back: bool,
+                 quotas: Sequence[Quota] = ()) -> None:
         if not tiers:
             raise ValueError("the engine needs at least one tier")
         self.tiers: dict[str, Tier] = {t.name: t for t in tiers}
@@ -84,6 +87,12 @@ class Placement:
         self.clock = clock
         self.write_back = write_back
         self.index = Index(self.order)
+        unknown = {t for q in quotas for t in q.limits} - set(self.order)
+        if unknown:
+            raise ValueError(f"quota for unknown tiers {sorted(unknown)}; tiers: {self.order}")
+        self.quotas = Quotas(quotas)
+        if self.quotas:
+            self.index.on_bytes = self.quotas.charge
         self.leases = Leases()
         self.stats = EngineStats()
         self.mover = Mover(self.run_transfer)
@@ -127,9 +136,16 @@ class Placement:
 
     # -- capacity -------------------------------------------------------------------
     async def make_room(self, tier_name: str, size: int,
-                        extra: Container[Hashable] = ()) -> None:
+                        extra: Container[Hashable] = (), namespace: str = "",
+                        quota_pending: int = 0) -> None:
         """Evict (demoting where the policy says) until ``size`` bytes fit in the tier;
-        keys in ``extra`` are not evicted. Raises TierFull when nothing more can go."""
+        keys in ``extra`` are not evicted. With ``namespace`` under a quota, its tenant's
+        own blocks go first until the tenant stays within its limit there, counting
+        ``quota_pending`` bytes it holds there but not yet in the index (reserved
+        slots). Raises TierFull when nothing more can go (QuotaExceeded when the
+        quota is what cannot be met)."""
+        if namespace and self.quotas:
+            await self._within_quota(namespace, tier_name, size + quota_pending, extra)
         tier = self.tiers[tier_name]
         if tier.can_fit(size):
             return
@@ -148,15 +164,48 @@ class Placement:
             f"tier {tier_name!r} is full ({tier.used_bytes}/{tier.capacity_bytes} bytes) "
             f"and nothing evictable frees {size} bytes: the rest is pinned or in flight")
 
+    def fits_quota(self, namespace: str, tier_name: str, size: int) -> bool:
+        return not self.quotas or self.quotas.excess(namespace, tier_name, size) == 0
+
+    async def _within_quota(self, namespace: str, tier_name: str, size: int,
+                            extra: Container[Hashable]) -> None:
+        """Evict the tenant's own blocks from the tier (the policy picks them, every other
+        tenant's protected) until ``size`` more bytes keep it within its quota there."""
+        quotas = self.quotas
+        found = quotas.limit(namespace, tier_name)
+        if found is None:
+            return
+        quota, limit = found
+        counter = (quota.prefix, tier_name)
+        if size <= limit:
+            protected = OtherTenants(Protected(self, extra), quotas, quota)
+            for _ in range(_MAX_EVICTION_ROUNDS):
+                need = quotas.excess(namespace, tier_name, size)
+                if need <= 0:
+                    return
+                now = self.clock()
+                victims = self.policy.evict(tier_name, need, protected, now)
+                if not victims:
+                    break
+                quotas.evictions[counter] += await self._evict(victims, tier_name, now, extra)
+            if quotas.excess(namespace, tier_name, size) <= 0:
+                return
+        quotas.refused[counter] += 1
+        raise QuotaExceeded(
+            f"namespace {namespace!r} is at its quota in tier {tier_name!r} (prefix "
+            f"{quota.prefix!r}: {quotas.used(quota, tier_name)}/{limit} bytes) and none of "
+            f"its own blocks there can make room for {size} bytes")
+
     async def _evict(self, victims: Sequence[Hashable], tier_name: str, now: float,
-                     extra: Container[Hashable] = ()) -> None:
+                     extra: Container[Hashable] = ()) -> int:
         """Demote the victims where the policy says, parents first (so the slower tier
         announces a chain head first), then drop them here, children first (so this
         tier's chains shrink from their ends). The room a demotion makes below spares
-        ``extra`` too."""
+        ``extra`` too. Returns how many were dropped here."""
         # Victims were chosen before the awaits below: skip any that became pinned or
         # started moving since.
         keys = [k for k in victims if isinstance(k, BlockKey) and not self.is_protected(k)]
+        dropped = 0
         for key in reversed(keys):
             entry = self.index.get(key)
             if entry is None or tier_name not in entry.tiers:
@@ -176,12 +225,14 @@ class Placement:
             if key in self._in_flight:
                 continue  # another copy of it started meanwhile; leave it, evict others
             self.stats.evictions[tier_name] += 1
+            dropped += 1
             await self._drop(key, tier_name)
+        return dropped
 
     # -- placement --------------------------------------------------------------------
     async def _store(self, meta: BlockMeta, payload: bytes | memoryview, tier_name: str,
                      extra: Container[Hashable] = ()) -> Entry:
-        await self.make_room(tier_name, meta.size, extra)
+        await self.make_room(tier_name, meta.size, extra, meta.key.namespace)
         await self.tiers[tier_name].put(meta, payload)
         return self._stored(meta, tier_name)
 
@@ -231,7 +282,7 @@ class Placement:
         self._in_flight[key] += 1
         try:
             payload = await self.tiers[src].get(key)
-            await self.make_room(dst, entry.meta.size, extra)
+            await self.make_room(dst, entry.meta.size, extra, key.namespace)
             await self.tiers[dst].put(entry.meta, payload)
             # The source bytes must match their checksum (a mapped tier's may have been
             # overwritten by a client, or changed under the copy): a corrupt source is

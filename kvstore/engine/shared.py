@@ -93,7 +93,7 @@ class SharedPrefix:
             entry = eng.index.get(meta.key)
             if entry is None:
                 try:
-                    await eng.make_room(self.name, meta.size)
+                    await eng.make_room(self.name, meta.size, (), namespace)
                 except ResourceExhausted as exc:
                     log.info("shared block %s not adopted: %s", meta.key, exc)
                     break

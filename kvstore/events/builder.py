@@ -4,12 +4,19 @@ Consecutive ``block_stored`` calls on one medium whose blocks chain on each
 other (each block's parent is the previous block, same block size) become one
 ``BlockStored``, as vLLM emits one event per run of newly cached blocks; any
 other call ends the run, so event order is call order.
+
+With ``include_token_ids=False`` every ``BlockStored`` (ours and re-published
+foreign ones) carries an empty ``token_ids`` list: the same wire shape vLLM's
+decoder reads, ``block_size`` still the real tokens per block, but no prompt
+text leaves the host.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+
+import msgspec
 
 from kvstore.events import wire
 from kvstore.types import BlockKey, BlockMeta, Medium
@@ -20,9 +27,16 @@ _MASK64 = 0xFFFF_FFFF_FFFF_FFFF
 
 
 class EventBuilder:
-    def __init__(self, encoding: wire.Encoding, hash_format: wire.HashFormat) -> None:
+    def __init__(
+        self,
+        encoding: wire.Encoding,
+        hash_format: wire.HashFormat,
+        *,
+        include_token_ids: bool = True,
+    ) -> None:
         self.encoding = encoding
         self.hash_format = hash_format
+        self.include_token_ids = include_token_ids
         self.events: list[wire.KVCacheEvent] = []
         self.blocks = 0
         self._run: list[BlockMeta] = []
@@ -61,7 +75,9 @@ class EventBuilder:
         else:
             hashes = [bytes(m.key.block_hash) for m in run]
         parent = self._hashes([first.parent_hash])[0] if first.parent_hash else None
-        if len(run) == 1:
+        if not self.include_token_ids:
+            tokens: list[int] = []
+        elif len(run) == 1:
             tokens = list(first.token_ids)
         else:
             tokens = list(itertools.chain.from_iterable(m.token_ids for m in run))
@@ -88,7 +104,14 @@ class EventBuilder:
         """Events from elsewhere (vLLM's), re-typed for our encoding and hash format."""
         self._end_run()
         enc, fmt = self.encoding, self.hash_format
-        self.events.extend(wire.to_encoding(e, enc, fmt) for e in events)
+        converted = [wire.to_encoding(e, enc, fmt) for e in events]
+        if not self.include_token_ids:
+            converted = [
+                msgspec.structs.replace(e, token_ids=[])
+                if isinstance(e, wire.BlockStored) and e.token_ids else e
+                for e in converted
+            ]
+        self.events.extend(converted)
 
     def take(self) -> list[wire.KVCacheEvent]:
         """The events built so far (the builder starts over)."""

@@ -222,7 +222,9 @@ class EventBus:
         if not self._pending:
             return None
         cfg = self.config
-        builder = EventBuilder(cfg.encoding, cfg.hash_format)
+        builder = EventBuilder(
+            cfg.encoding, cfg.hash_format, include_token_ids=cfg.include_token_ids
+        )
         pending = self._pending
         while pending:
             kind, items, medium = pending.popleft()

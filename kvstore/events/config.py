@@ -11,9 +11,17 @@ from typing import Any
 from kvstore.errors import ConfigError
 from kvstore.events.wire import ENCODINGS, HASH_FORMATS, Encoding, HashFormat
 
-__all__ = ["EventsConfig", "is_bind_endpoint"]
+__all__ = ["DEFAULT_MODEL", "ENDPOINT_MODES", "EventsConfig", "is_bind_endpoint"]
 
 _SCHEMES = ("tcp://", "ipc://", "inproc://")
+
+#: Model name the topic carries when ``events.model`` is not set (set it to the
+#: served model name: llm-d's router matches the topic's model to the request's).
+DEFAULT_MODEL = "default"
+
+#: How the PUB socket uses ``events.endpoint``: ``bind`` (we own the address),
+#: ``connect`` (a collector binds it), ``auto`` (vLLM's rule, :func:`is_bind_endpoint`).
+ENDPOINT_MODES = ("bind", "connect", "auto")
 
 
 def is_bind_endpoint(endpoint: str) -> bool:
@@ -26,18 +34,30 @@ class EventsConfig:
     """Where and how block events are published.
 
     ``topic`` empty means ``kv@<pod>@<model>`` (what llm-d expects); ``pod``
-    empty means the host name. ``replay_endpoint`` empty disables replay.
+    empty means the host name, ``model`` defaults to :data:`DEFAULT_MODEL`.
+    Both sockets listen on loopback by default; ``endpoint_mode`` says whether the
+    PUB socket binds or connects. ``replay_endpoint`` empty disables replay.
+    ``include_token_ids = false`` sends ``BlockStored`` with an empty token list
+    (the prompt text stays on the host; a router that re-hashes tokens cannot
+    use those events). ``curve_secret_key_file`` turns on CURVE encryption and
+    authentication of both sockets (see ``kvstore.events.curve``).
     ``ingest_endpoint`` is the SUB socket the sidecar binds for its vLLM
     worker's own events (vLLM connects to it when its endpoint has no ``*``);
     empty disables ingest.
     """
 
     enabled: bool = True
-    endpoint: str = "tcp://*:5557"
-    replay_endpoint: str = "tcp://*:5558"
+    endpoint: str = "tcp://127.0.0.1:5557"
+    replay_endpoint: str = "tcp://127.0.0.1:5558"
+    endpoint_mode: str = "bind"
     topic: str = ""
     pod: str = ""
-    model: str = ""
+    model: str = DEFAULT_MODEL
+    include_token_ids: bool = True
+    #: ZeroMQ certificate with the sockets' CURVE secret key; empty: no encryption.
+    curve_secret_key_file: str = ""
+    #: Directory of the public certificates of the clients allowed to subscribe.
+    curve_client_keys_dir: str = ""
     encoding: Encoding = "map"
     hash_format: HashFormat = "int"
     buffer_steps: int = 10_000
@@ -71,7 +91,35 @@ class EventsConfig:
             return self.topic
         return f"kv@{self.pod or socket.gethostname()}@{self.model}"
 
+    @property
+    def binds(self) -> bool:
+        """Whether the PUB socket binds ``endpoint`` (else it connects)."""
+        if self.endpoint_mode == "auto":
+            return is_bind_endpoint(self.endpoint)
+        return self.endpoint_mode == "bind"
+
     def validate(self) -> None:
+        if self.endpoint_mode not in ENDPOINT_MODES:
+            raise ConfigError(
+                f"events.endpoint_mode must be one of {', '.join(ENDPOINT_MODES)}; "
+                f"got {self.endpoint_mode!r}"
+            )
+        if bool(self.curve_secret_key_file) != bool(self.curve_client_keys_dir):
+            raise ConfigError(
+                "events.curve_secret_key_file / events.curve_client_keys_dir: set both "
+                "(CURVE on) or neither")
+        if not self.topic:
+            if not self.model:
+                raise ConfigError(
+                    "events.model: the topic kv@<pod>@<model> needs a model name "
+                    f"(the served model's; default {DEFAULT_MODEL!r}), got ''"
+                )
+            for name in ("model", "pod"):
+                if "@" in getattr(self, name):
+                    raise ConfigError(
+                        f"events.{name} must not contain '@' (the topic's separator), "
+                        f"got {getattr(self, name)!r}"
+                    )
         if self.encoding not in ENCODINGS:
             raise ConfigError(
                 f"events.encoding must be one of {', '.join(ENCODINGS)}; got {self.encoding!r}"

@@ -65,8 +65,12 @@ class ZmqSubscriber:
         start_seq: int | None = None,
         replay_timeout: float = 2.0,
         on_reset: Callable[[], None] | None = None,
+        curve: tuple[str, str] | None = None,
     ) -> None:
+        """``curve``: (the publisher's public key file, this client's secret key file)
+        for a publisher with CURVE on (:mod:`kvstore.events.curve`)."""
         self.endpoint = endpoint
+        self._curve = curve
         self.replay_endpoint = replay_endpoint or None
         self._on_batch = on_batch
         self._topic = topic.encode()
@@ -88,6 +92,7 @@ class ZmqSubscriber:
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, 0)
         sub.setsockopt(zmq.SUBSCRIBE, self._topic)
+        self._secure(sub)
         if self._bind:
             sub.bind(self.endpoint)
             self.endpoint = sub.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -95,6 +100,12 @@ class ZmqSubscriber:
             sub.connect(self.endpoint)
         self._sub = sub
         self._task = asyncio.create_task(self._run(), name=f"kv-events-sub {self.endpoint}")
+
+    def _secure(self, sock: zmq.asyncio.Socket) -> None:
+        if self._curve is not None:
+            from kvstore.events.curve import curve_client
+
+            curve_client(sock, *self._curve)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -173,6 +184,7 @@ class ZmqSubscriber:
         if self._dealer is None:
             self._dealer = self._ctx.socket(zmq.DEALER)
             self._dealer.setsockopt(zmq.LINGER, 0)
+            self._secure(self._dealer)
             self._dealer.connect(self.replay_endpoint)
         dealer = self._dealer
         await dealer.send_multipart((b"", start.to_bytes(8, "big")))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -20,6 +21,7 @@ from kvstore import policies
 from kvstore._proto.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from kvstore.config import Config, build_section
 from kvstore.engine.core import Engine, tier_specs
+from kvstore.engine.quotas import Quota
 from kvstore.errors import ConfigError
 from kvstore.metrics import TimedTier, make_registry
 from kvstore.policies.cost import CostModel
@@ -117,10 +119,17 @@ class KVStoreServer:
 
     async def _start(self) -> None:
         cfg = self.cfg
-        os.makedirs(cfg.data_dir, exist_ok=True)
+        from kvstore.tiers.segment import make_private_dir
+
+        make_private_dir(Path(cfg.data_dir))
         from kvstore.events import VllmCacheMirror, build_bus, build_ingest
+        from kvstore.events.config import DEFAULT_MODEL
 
         events_cfg = _events_config(cfg)
+        if events_cfg.enabled and not events_cfg.topic and events_cfg.model == DEFAULT_MODEL:
+            log.warning("events.model is not set: topics read %s; set it to the served "
+                        "model name so routers match this pod's events to requests",
+                        events_cfg.effective_topic)
         # With [events] enabled = false nothing goes out over ZMQ; gRPC SubscribeEvents
         # still works.
         self.events = build_bus(events_cfg)
@@ -155,7 +164,8 @@ class KVStoreServer:
             max_block_bytes=srv.max_block_bytes, write_back=cfg.engine.write_back,
             max_hashes=srv.max_hashes_per_call, max_block_tokens=srv.max_block_tokens,
             max_lease_seconds=srv.max_lease_seconds,
-            max_pinned_fraction=cfg.dram.max_pinned_fraction)
+            max_pinned_fraction=cfg.dram.max_pinned_fraction,
+            quotas=[Quota(q.namespace_prefix, q.limits()) for q in cfg.quotas])
         if cfg.redis.enabled:
             from kvstore.engine.shared import SharedPrefix
 

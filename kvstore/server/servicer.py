@@ -312,6 +312,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             corrupt_reads=st.corrupt_reads, orphans_dropped=st.orphans_dropped,
             demotions_failed=st.demotions_failed, startup_skipped=eng.startup_skipped(),
             quarantined_slots=eng.leases.quarantined, policy=eng.policy.name,
+            quotas=[pb.QuotaStats(namespace_prefix=u.prefix, tier=u.tier,
+                                  limit_bytes=u.limit_bytes, used_bytes=u.used_bytes,
+                                  evictions=u.evictions, refused=u.refused)
+                    for u in eng.quotas.usage()],
         )
 
     @_unary

@@ -73,7 +73,12 @@ from kvstore.tiers.diskindex import (
 )
 from kvstore.tiers.disklog import ChangedPayload, GroupWriter, Segment, Write
 from kvstore.tiers.diskrecover import RecoveryReport, recover_root
-from kvstore.tiers.segment import default_segment_bytes, lift_fd_limit, read_record
+from kvstore.tiers.segment import (
+    default_segment_bytes,
+    lift_fd_limit,
+    make_private_dir,
+    read_record,
+)
 from kvstore.types import BlockKey, BlockMeta, Medium, Workload
 
 __all__ = ["DiskTier", "default_segment_bytes"]
@@ -123,7 +128,7 @@ class DiskTier(Tier):
         self._compactor = Compactor(self)
         lift_fd_limit()
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            make_private_dir(self.root)
         except OSError as exc:
             raise TierUnavailable(f"tier {name!r}: cannot create {self.root}: {exc}") from exc
 

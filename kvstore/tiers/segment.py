@@ -42,12 +42,15 @@ from kvstore.tiers.diskformat import (
 )
 
 __all__ = [
+    "DIR_MODE",
+    "FILE_MODE",
     "SegmentFile",
     "aligned",
     "create_segment",
     "default_segment_bytes",
     "fsync_dir",
     "lift_fd_limit",
+    "make_private_dir",
     "open_regular",
     "open_segment",
     "punch",
@@ -67,6 +70,22 @@ _FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
 #: Kill lists grow in chunks of this many bytes (4096 entries), preallocated so a
 #: delete on a full filesystem can still be recorded.
 KILL_CHUNK = 64 << 10
+#: Block payloads are the users' KV cache (derived from their prompts): segment
+#: files, footers and kill lists are the owner's only, and so is their directory.
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
+
+def make_private_dir(path: Path) -> None:
+    """Create ``path`` (and its parents) with the leaf owner-only; a directory that
+    already exists is narrowed to owner-only too (one created by an older version)."""
+    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    if stat.S_IMODE(path.stat().st_mode) & ~DIR_MODE:
+        try:
+            path.chmod(DIR_MODE)
+        except OSError as exc:  # not ours (a volume's mount point), read-only, ...
+            logging.getLogger(__name__).warning(
+                "cannot make %s owner-only (%s); its files are still 0600", path, exc)
 
 
 @dataclass(eq=False, slots=True)
@@ -138,11 +157,11 @@ def _open_data(path: Path, direct: bool, create: bool = False) -> tuple[int, boo
     flags = os.O_RDWR | os.O_CLOEXEC | ((os.O_CREAT | os.O_EXCL) if create else 0)
     if direct:
         try:
-            return os.open(path, flags | os.O_DIRECT, 0o644), True
+            return os.open(path, flags | os.O_DIRECT, FILE_MODE), True
         except OSError as exc:
             if exc.errno != errno.EINVAL:  # EINVAL: this filesystem has no O_DIRECT
                 raise
-    return os.open(path, flags, 0o644), False
+    return os.open(path, flags, FILE_MODE), False
 
 
 def _preallocate(fd: int, size: int) -> None:
@@ -280,7 +299,7 @@ def write_footer(root: Path, seg: SegmentFile, footer: Footer, sync: bool) -> No
     final = seg_path(root, seg.seg_id, ".idx")
     tmp = final.with_name(final.name + ".tmp")
     data = encode_footer(seg.seg_id, seg.nonce, footer)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
     try:
         try:
             write_at(fd, memoryview(data), 0)
@@ -312,7 +331,7 @@ def read_footer(root: Path, seg: SegmentFile) -> Footer:
 def _grow_kills(root: Path, seg_id: int, used_bytes: int) -> None:
     """Make sure the kill list has preallocated room past ``used_bytes``."""
     path = seg_path(root, seg_id, ".kill")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
     try:
         target = (used_bytes // KILL_CHUNK + 1) * KILL_CHUNK
         try:

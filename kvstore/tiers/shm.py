@@ -53,6 +53,8 @@ def create_segment(name: str, size: int, *, prefault: bool = True) -> SharedMemo
 
     Touching one byte per page makes the kernel back every page now, so the
     first write into a slot runs at memcpy speed instead of page-fault speed.
+    The segment is the owner's only (``SharedMemory`` creates it 0600; a test pins
+    it): a co-located client must run as the same user.
     """
     try:
         shm = SharedMemory(name=name, create=True, size=size)

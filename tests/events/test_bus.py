@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import msgspec
 import pytest
 
 from kvstore.errors import ConfigError
@@ -17,6 +18,7 @@ from kvstore.events import (
     RecordingSink,
     wire,
 )
+from kvstore.events.config import DEFAULT_MODEL
 from kvstore.hashing import block_hash_to_int
 from kvstore.types import BlockKey, Medium
 
@@ -199,10 +201,57 @@ def test_config_errors_name_field_and_choices(field: str, value: object, needle:
 
 def test_config_defaults_and_topic() -> None:
     cfg = EventsConfig(pod="pod-1", model="Qwen/Qwen2.5-7B")
-    assert cfg.endpoint == "tcp://*:5557" and cfg.replay_endpoint == "tcp://*:5558"
+    # loopback only unless configured otherwise; the PUB socket binds its endpoint
+    assert cfg.endpoint == "tcp://127.0.0.1:5557"
+    assert cfg.replay_endpoint == "tcp://127.0.0.1:5558"
+    assert cfg.binds and cfg.include_token_ids
     assert cfg.encoding == "map" and cfg.hash_format == "int"
     assert cfg.effective_topic == "kv@pod-1@Qwen/Qwen2.5-7B"
     assert EventsConfig(topic="t").effective_topic == "t"
+    # the topic always names a model
+    assert EventsConfig(pod="p").effective_topic == f"kv@p@{DEFAULT_MODEL}"
+    assert EventsConfig(topic="t", model="").effective_topic == "t"
+    assert not EventsConfig(endpoint="tcp://127.0.0.1:9", endpoint_mode="connect").binds
+    assert not EventsConfig(endpoint="tcp://10.0.0.1:9", endpoint_mode="auto").binds
+    assert EventsConfig(endpoint="tcp://*:9", endpoint_mode="auto").binds
+
+
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [
+        ({"model": ""}, "events.model: the topic"),
+        ({"model": "a@b"}, "events.model must not contain '@'"),
+        ({"pod": "p@q"}, "events.pod must not contain '@'"),
+        ({"endpoint_mode": "listen"}, "events.endpoint_mode must be one of bind, connect, auto"),
+    ],
+)
+def test_config_model_and_mode_errors(fields: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        EventsConfig(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("encoding", ["map", "array"])
+def test_token_ids_left_out_keep_the_wire_shape(encoding: str) -> None:
+    metas = chain(list(range(64)))
+    bus = EventBus(EventsConfig(include_token_ids=False, encoding=encoding))  # type: ignore[arg-type]
+    bus.block_stored(metas, Medium.CPU)
+    foreign = wire.stored([7], None, [1, 2, 3], 3, "GPU")
+    bus.publish_events([foreign])
+    batch = bus.flush()
+    assert batch is not None
+    events = wire.decode_batch(batch.payload).events
+    assert len(events) == 2
+    ours, theirs = events
+    assert isinstance(ours, wire.BlockStored) and isinstance(theirs, wire.BlockStored)
+    assert ours.token_ids == [] and theirs.token_ids == []
+    assert ours.block_size == len(metas[0].token_ids) and theirs.block_size == 3
+    assert len(ours.block_hashes) == len(metas)
+    # vLLM's shape with an empty token list: the field is there, not left out
+    raw = msgspec.msgpack.decode(batch.payload)[1][0]
+    if encoding == "array":
+        assert raw[0] == "BlockStored" and raw[3] == [] and raw[4] == ours.block_size
+    else:
+        assert raw["token_ids"] == []
 
 
 def test_config_from_toml_table() -> None:

@@ -190,7 +190,8 @@ async def test_ingest_receives_a_connecting_publisher() -> None:
     got: list[wire.KVCacheEvent] = []
     ingest = VllmEventIngest(LOOPBACK_ANY, got.extend)
     await ingest.start()
-    bus = build_bus(_cfg(endpoint=ingest.endpoint, replay_endpoint="", encoding="array"))
+    bus = build_bus(_cfg(endpoint=ingest.endpoint, endpoint_mode="connect", replay_endpoint="",
+                         encoding="array"))
     await bus.start()
     try:
         await asyncio.sleep(0.5)  # the connecting PUB learns the subscription

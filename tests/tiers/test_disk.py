@@ -11,6 +11,7 @@ import asyncio
 import errno
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -288,6 +289,28 @@ async def test_group_commit_shares_one_fsync_among_many_blocks(
     assert 1 <= syncs <= 64 // 4, f"{syncs} fdatasyncs for 64 blocks"
     assert [bytes(b) for b in await disk.get_many([m.key for m, _ in items])] == [
         d for _, d in items]
+
+
+async def test_files_and_directory_are_owner_only(tmp_path: Path) -> None:
+    root = tmp_path / "d"
+    root.mkdir(mode=0o755)  # made by an older version: narrowed at start
+    os.chmod(root, 0o755)
+    tier = DiskTier(root, 64 * CAPACITY, segment_bytes=256 << 10)
+    items = [block(i, 60_000) for i in range(12)]  # several segments, some sealed
+    for m, d in items:
+        await tier.put(m, d)
+    assert await tier.delete_many([items[0][0].key]) == 1  # a kill list too
+    await tier.settle()
+    await tier.close()
+    files = [p for p in root.iterdir() if p.is_file()]
+    assert {p.suffix for p in files} >= {".seg", ".idx", ".kill"}
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in files} == {
+        p.name: 0o600 for p in files}
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    fresh = tmp_path / "a" / "b"
+    other = DiskTier(fresh, CAPACITY)
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
+    await other.close()
 
 
 async def test_delete_frees_space_and_empty_segments_go(tmp_path: Path) -> None:

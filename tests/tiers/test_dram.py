@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 import subprocess
 import sys
 import textwrap
@@ -33,6 +34,12 @@ def test_is_a_slot_tier(dram: DramTier) -> None:
     [(name, size)] = dram.segments()
     assert size >= CAPACITY
     assert (SHM / name).exists()
+
+
+async def test_segment_is_owner_only(dram: DramTier) -> None:
+    await dram.put(*block(1, 4096))
+    [(name, _)] = dram.segments()
+    assert stat.S_IMODE((SHM / name).stat().st_mode) == 0o600
 
 
 async def test_reserve_write_commit_locate(dram: DramTier) -> None:

@@ -1,0 +1,35 @@
+"""A real server's hardening: owner-only data files, quotas in Stats over gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+from pathlib import Path
+
+import grpc
+
+from kvstore import KVStoreClient
+from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
+from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc
+from tests.blocks import make_chain
+
+KiB = 1024
+
+
+async def test_data_is_owner_only_and_quotas_show_in_stats(server_factory) -> None:
+    srv = server_factory(quotas=[{"namespace_prefix": "a/", "dram": "64KiB"}])
+    with KVStoreClient(srv.address) as c:
+        await asyncio.to_thread(c.put, "a/m", make_chain(8, 16 * KiB, seed=1))
+        await asyncio.to_thread(c.put, "b/m", make_chain(8, 16 * KiB, seed=2))
+    await asyncio.to_thread(srv.drain)
+    data = Path(srv.server.cfg.data_dir)
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    disk = srv.server.cfg.disk_path
+    assert stat.S_IMODE(disk.stat().st_mode) == 0o700
+    files = [p for p in disk.iterdir() if p.is_file()]
+    assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
+    async with grpc.aio.insecure_channel(srv.address) as ch:
+        st = await kvstore_pb2_grpc.KVStoreStub(ch).Stats(pb.StatsRequest())
+    (q,) = st.quotas
+    assert (q.namespace_prefix, q.tier, q.limit_bytes) == ("a/", "dram", 64 * KiB)
+    assert 0 < q.used_bytes <= 64 * KiB
