@@ -128,13 +128,15 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
-            link = SidecarLink(cfg.address, cfg.timeout_s, cfg.retry_interval_s)
+            link = SidecarLink(cfg.address, cfg.timeout_s, cfg.retry_interval_s,
+                               client_factory=cfg.client_factory())
             self._scheduler = SchedulerSide(cfg, link, self.namespace, block_size)
         else:
             link = SidecarLink(
                 cfg.address,
                 cfg.timeout_s,
                 cfg.retry_interval_s,
+                client_factory=cfg.client_factory(),
                 on_connect=prefault_in_background if cfg.prefault else None,
             )
             self._worker = WorkerSide(

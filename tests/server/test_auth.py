@@ -343,3 +343,16 @@ def test_tenants_file_and_token_env(server_factory: Any, tmp_path: Any,
             c.put("y", FRESH)
     with pytest.raises(ConfigError, match="auth.tenants_file: cannot read"):
         load_config(env={}, overrides={"auth": {"tenants_file": str(tmp_path / "missing")}})
+
+
+def test_vllm_connector_config_carries_the_credentials(authed: Any,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from connectors.vllm.config import ConnectorConfig
+
+    monkeypatch.setenv("KVSTORE_TOKEN", TOKENS["b"])
+    assert ConnectorConfig.from_extra_config({}).security().token == TOKENS["b"]
+    cfg = ConnectorConfig.from_extra_config({"address": authed.address, "token": TOKENS["a"]})
+    with cfg.client_factory()(authed.address, 5.0) as c:
+        assert c.lookup(NS_A, HASHES).num_hit == len(BLOCKS)
+    with pytest.raises(ConfigError, match="tls_cert_file|cert_file"):
+        ConnectorConfig.from_extra_config({"tls_cert_file": "/nonexistent.crt"})
