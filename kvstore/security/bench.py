@@ -1,0 +1,73 @@
+"""``kvstore bench --tls``: gRPC put / get GB/s over TLS next to plaintext, same run.
+
+Starts two local servers (DRAM only), one plaintext and one with a certificate that
+a throwaway CA made with ``openssl`` signed, and measures the gRPC streaming path
+(the one remote clients use; shared memory never crosses TLS) against each in turn,
+alternating rounds so both see the same machine load. Prints GB/s and TLS / plain.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["make_certificates", "print_results", "run"]
+
+_EC = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+
+
+def make_certificates(where: Path) -> tuple[str, str, str]:
+    """A CA and a server certificate for 127.0.0.1 / localhost: (ca, cert, key) paths."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=where, check=True, capture_output=True)
+
+    openssl("req", "-x509", *_EC, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
+            "-subj", "/CN=kvstore-bench-ca", "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign")
+    openssl("req", *_EC, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost")
+    (where / "server.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "server.crt", "-days", "1", "-extfile", "server.ext")
+    return str(where / "ca.crt"), str(where / "server.crt"), str(where / "server.key")
+
+
+def run(total_bytes: int, repeats: int) -> dict[str, Any]:
+    from kvstore.bench import _measure, _server
+    from kvstore.security.client import ClientSecurity
+
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="kvstore-bench-tls-") as tmp:
+        ca, cert, key = make_certificates(Path(tmp))
+        tls = ClientSecurity(tls=True, ca_file=ca)
+        plain = ClientSecurity()
+        dram = f"{max(512, total_bytes * 3 // 2**20)}MiB"
+        tls_env = {"KVSTORE_TLS__CERT_FILE": cert, "KVSTORE_TLS__KEY_FILE": key}
+        with _server(dram, security=plain) as plain_addr, \
+                _server(dram, tls_env, security=tls) as tls_addr:
+            for size in (2**20, 64 * 2**10):
+                n = max(16, total_bytes // size)
+                best: dict[str, dict[str, float]] = {"plain": {}, "tls": {}}
+                for _ in range(repeats):  # alternating: both see the same load
+                    for mode, addr, sec in (("plain", plain_addr, plain), ("tls", tls_addr, tls)):
+                        for op, s in _measure(addr, "grpc", size, n, 1, security=sec).items():
+                            best[mode][op] = min(best[mode].get(op, s), s)
+                row: dict[str, Any] = {"block": size, "blocks": n}
+                for op in best["plain"]:
+                    p_gbps = n * size / best["plain"][op] / 1e9
+                    t_gbps = n * size / best["tls"][op] / 1e9
+                    row[op] = {"plain_gbps": round(p_gbps, 3), "tls_gbps": round(t_gbps, 3),
+                               "tls_vs_plain": round(t_gbps / p_gbps, 3)}
+                rows.append(row)
+    return {"rows": rows, "repeats": repeats, "bytes_per_run": total_bytes}
+
+
+def print_results(results: dict[str, Any]) -> None:
+    print(f"{'block':>8} {'op':>8} | {'plain':>7} {'tls':>7} GB/s | tls/plain")
+    for r in results["rows"]:
+        blk = f"{r['block'] // 1024} KiB" if r["block"] < 2**20 else f"{r['block'] // 2**20} MiB"
+        for op in ("put", "get", "get_into"):
+            x = r[op]
+            print(f"{blk:>8} {op:>8} | {x['plain_gbps']:>7.3f} {x['tls_gbps']:>7.3f}      | "
+                  f"{x['tls_vs_plain']:>8.1%}")
