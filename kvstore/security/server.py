@@ -243,6 +243,11 @@ class ServerSecurity:
     def from_config(cls, cfg: Config) -> ServerSecurity:
         table = cfg.auth.table()
         tls = cfg.tls
+        if table.has_cert_names and not tls.client_ca_file:
+            raise ConfigError(
+                "auth.tenants: cert_names map client certificates to tenants, but no client "
+                "certificate is ever checked; set tls.client_ca_file (and tls.cert_file / "
+                "tls.key_file)")
         creds = None
         if tls.enabled:
             def read(path: str) -> bytes:

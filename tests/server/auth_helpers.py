@@ -16,10 +16,8 @@ TOKENS = {"a": "token-a", "b": "token-b", "admin": "token-admin", "reader": "tok
           "router": "token-router", "noshm": "token-noshm"}
 
 TENANTS: list[dict[str, Any]] = [
-    {"name": "a", "token": TOKENS["a"], "namespaces": ["a/*"], "rights": ["read", "write"],
-     "cert_names": ["tenant-a"]},
-    {"name": "b", "token": TOKENS["b"], "namespaces": ["b/*"], "rights": ["read", "write"],
-     "cert_names": ["tenant-b"]},
+    {"name": "a", "token": TOKENS["a"], "namespaces": ["a/*"], "rights": ["read", "write"]},
+    {"name": "b", "token": TOKENS["b"], "namespaces": ["b/*"], "rights": ["read", "write"]},
     {"name": "admin", "token": TOKENS["admin"], "namespaces": ["*"],
      "rights": ["read", "write", "admin", "events"]},
     {"name": "reader", "token": TOKENS["reader"], "namespaces": ["a/*"], "rights": ["read"]},
@@ -27,6 +25,10 @@ TENANTS: list[dict[str, Any]] = [
     {"name": "noshm", "token": TOKENS["noshm"], "namespaces": ["c/*"],
      "rights": ["read", "write"], "shared_memory": False},
 ]
+
+#: The same, with client-certificate names for a and b (mutual TLS).
+MTLS_TENANTS = [{**t, "cert_names": [f"tenant-{t['name']}"]} if t["name"] in ("a", "b") else t
+                for t in TENANTS]
 
 
 def metadata(tenant: str | None) -> list[tuple[str, str]]:

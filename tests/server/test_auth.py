@@ -19,7 +19,15 @@ from kvstore.config import load_config
 from kvstore.errors import ConfigError, PermissionDenied, Unauthenticated
 from tests.blocks import make_chain
 from tests.conftest import free_port
-from tests.server.auth_helpers import TENANTS, TOKENS, code_of, header, metadata, stored
+from tests.server.auth_helpers import (
+    MTLS_TENANTS,
+    TENANTS,
+    TOKENS,
+    code_of,
+    header,
+    metadata,
+    stored,
+)
 
 NS_A = "a/model"
 BLOCKS = make_chain(6, 4096, seed=1)
@@ -356,3 +364,50 @@ def test_vllm_connector_config_carries_the_credentials(authed: Any,
         assert c.lookup(NS_A, HASHES).num_hit == len(BLOCKS)
     with pytest.raises(ConfigError, match="tls_cert_file|cert_file"):
         ConnectorConfig.from_extra_config({"tls_cert_file": "/nonexistent.crt"})
+
+
+def test_every_rpc_has_a_rule() -> None:
+    """A new RPC is refused until it gets a rule; this names the ones missing one."""
+    from kvstore.security.server import RULES
+
+    methods = set(pb.DESCRIPTOR.services_by_name["KVStore"].methods_by_name)
+    assert methods == set(RULES)
+
+
+def test_reflection_needs_a_tenant(authed: Any) -> None:
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    with grpc.insecure_channel(authed.address) as ch:
+        stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+        req = reflection_pb2.ServerReflectionRequest(list_services="")
+        with pytest.raises(grpc.RpcError) as info:
+            list(stub.ServerReflectionInfo(iter([req]), timeout=5))
+        assert code_of(info.value) == grpc.StatusCode.UNAUTHENTICATED
+        got = list(stub.ServerReflectionInfo(iter([req]), metadata=metadata("a"), timeout=5))
+        assert got[0].list_services_response.service
+
+
+def test_aio_put_stream_sends_the_token(authed: Any) -> None:
+    blocks = make_chain(3, 4096, seed=9)
+
+    async def run() -> None:
+        async with AsyncKVStoreClient(authed.address, token=TOKENS["a"],
+                                      shared_memory=False) as c:
+            assert await c.put("a/aio", blocks) == 3
+            with pytest.raises(PermissionDenied):
+                await c.put("b/aio", blocks)
+
+    before = stored(authed)
+    asyncio.run(run())
+    after = stored(authed)
+    assert {k for k in after if k not in before} == {("a/aio", bytes(b.block_hash))
+                                                      for b in blocks}
+
+
+def test_cert_names_without_a_client_ca_refused(tmp_path: Any) -> None:
+    from kvstore.security.server import ServerSecurity
+
+    cfg = load_config(env={}, overrides={"data_dir": str(tmp_path),
+                                         "auth": {"tenants": MTLS_TENANTS}})
+    with pytest.raises(ConfigError, match="tls.client_ca_file"):
+        ServerSecurity.from_config(cfg)

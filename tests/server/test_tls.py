@@ -13,7 +13,7 @@ from kvstore.config import load_config
 from kvstore.errors import ConfigError, PermissionDenied, Unauthenticated, Unavailable
 from kvstore.security.client import ClientSecurity
 from tests.blocks import make_chain
-from tests.server.auth_helpers import TENANTS, TOKENS, Pki, make_pki, stored
+from tests.server.auth_helpers import MTLS_TENANTS, TENANTS, TOKENS, Pki, make_pki, stored
 
 BLOCKS = make_chain(4, 4096, seed=11)
 HASHES = [bytes(b.block_hash) for b in BLOCKS]
@@ -93,7 +93,7 @@ def test_mutual_tls_refuses_clients_without_a_good_certificate(server_factory: A
 
 
 def test_client_certificates_map_to_tenants(server_factory: Any, pki: Pki) -> None:
-    srv = _mtls_server(server_factory, pki, auth={"tenants": TENANTS})
+    srv = _mtls_server(server_factory, pki, auth={"tenants": MTLS_TENANTS})
     with _client(pki, srv.address, cert="tenant-a") as c:
         assert c.put("a/m", BLOCKS) == len(BLOCKS)
     before = stored(srv)
