@@ -45,7 +45,7 @@ _OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    #: Right the call needs (``None``: any known tenant).
+    #: Right the call needs (``None``: any known tenant; ``"read|write"``: either).
     right: str | None
     #: The request's ``namespace`` must be in the grant (empty allowed if optional).
     namespace: bool = False
@@ -59,7 +59,7 @@ RULES: dict[str, Rule] = {
     "Get": Rule("read", namespace=True),
     "Acquire": Rule("read", namespace=True, shm=True),
     "Release": Rule("read", shm=True),  # leases are bound to their tenant
-    "Segments": Rule(None, shm=True),
+    "Segments": Rule("read|write", shm=True),  # not to an events-only router
     "Put": Rule("write", namespace=True),  # checked per message
     "Reserve": Rule("write", namespace=True, shm=True),
     "Commit": Rule("write", namespace=True, shm=True),
@@ -120,7 +120,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             raise PermissionDenied(
                 f"tenant {tenant.name!r} may not use the shared-memory plane "
                 "(shared_memory = false); use gRPC Put/Get")
-        if right is not None and right not in tenant.rights:
+        if right is not None and not tenant.rights.intersection(right.split("|")):
             what = "Delete of a whole namespace" if method == "Delete" and right == "admin" \
                 else method
             raise PermissionDenied(f"tenant {tenant.name!r} lacks the {right!r} right "
@@ -147,6 +147,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def _enter(self, method: str, rule: Rule | None, metadata: Any, context: Any,
                request: Any = None) -> Tenant:
+        """Authenticate and authorize; then the call runs as the tenant. (Each RPC runs
+        in its own task, whose context ends with it.)"""
         tenant = self.authenticate(metadata, context)
         if rule is None:
             raise PermissionDenied(f"{method}: no access rule; refused")
