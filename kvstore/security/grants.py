@@ -4,11 +4,12 @@ A tenant is a name, the credentials that prove it (bearer tokens, client-certifi
 names) and a grant: namespaces (exact, or a prefix ending in ``*``; ``"*"`` is every
 namespace) and rights:
 
-- ``read``: Lookup, Get, Acquire (and Release of its own leases);
+- ``read``: Lookup, Get, Acquire (and Release of its own leases); Stats of what its
+  namespaces hold;
 - ``write``: Put, Reserve / Commit / Abort (its own reservations), Hint, Delete of
   listed blocks;
-- ``admin``: Delete of a whole namespace (``Delete(ns, [])``) inside the grant, Stats,
-  Profile (both aggregate every namespace, so they are the operator's);
+- ``admin``: Delete of a whole namespace (``Delete(ns, [])``) inside the grant, the
+  whole server's Stats, Profile (they aggregate every namespace: the operator's);
 - ``events``: SubscribeEvents. The stream is vLLM's wire format, which names no
   namespace, so it carries every namespace's block hashes: give it to routers.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -30,7 +31,8 @@ from kvstore.errors import (
 )
 from kvstore.policies import Hint
 from kvstore.profile.live import LiveProfile
-from kvstore.security.server import tenant_owner
+from kvstore.security.grants import Tenant
+from kvstore.security.server import current_tenant, tenant_owner
 from kvstore.security.server import tenant_request_id as _rid
 from kvstore.server.convert import (
     MEDIUM_TO_PB,
@@ -286,8 +288,32 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         return pb.HintResponse(moves=self.engine.hint(hint, request.namespace,
                                                       _rid(request.request_id)))
 
+    def _tenant_stats(self, tenant: Tenant) -> pb.StatsResponse:
+        """What the tenant's namespaces hold, and nothing of the server's own counters
+        (lookups, bytes, events, sessions): those count other tenants too."""
+        eng = self.engine
+        blocks: Counter[str] = Counter()
+        used: Counter[str] = Counter()
+        total = 0
+        spaces = [ns for ns in eng.index.namespaces() if tenant.covers(ns)]
+        for ns in spaces:
+            for entry in eng.index.blocks_of(ns).values():
+                total += 1
+                for tier in entry.tiers:
+                    blocks[tier] += 1
+                    used[tier] += entry.meta.size
+        tiers = [pb.TierStats(name=name, medium=MEDIUM_TO_PB[t.medium],
+                              capacity_bytes=t.capacity_bytes, used_bytes=used[name],
+                              blocks=blocks[name])
+                 for name, t in eng.tiers.items()]
+        return pb.StatsResponse(tiers=tiers, blocks=total, namespaces=len(spaces),
+                                version=__version__, policy=eng.policy.name)
+
     @_unary
     async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
+        tenant = current_tenant.get()
+        if tenant is not None and "admin" not in tenant.rights:
+            return self._tenant_stats(tenant)
         eng = self.engine
         st = eng.stats
         tiers = [

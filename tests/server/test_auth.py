@@ -163,7 +163,7 @@ def test_read_only_tenant_cannot_write(authed: Any, stub: Any) -> None:
 
 def test_events_stats_profile_need_their_rights(authed: Any, stub: Any) -> None:
     before = stored(authed)
-    for rpc in ("subscribe_events", "stats", "profile"):
+    for rpc in ("subscribe_events", "profile"):
         assert _refused(GLOBAL[rpc], stub, metadata("a")) == grpc.StatusCode.PERMISSION_DENIED
     for rpc in ("stats", "segments"):  # an events-only router learns no segment names
         assert _refused(GLOBAL[rpc], stub, metadata("router")) \
@@ -412,3 +412,18 @@ def test_cert_names_without_a_client_ca_refused(tmp_path: Any) -> None:
                                          "auth": {"tenants": MTLS_TENANTS}})
     with pytest.raises(ConfigError, match="tls.client_ca_file"):
         ServerSecurity.from_config(cfg)
+
+
+def test_stats_without_admin_count_only_the_tenants_namespaces(authed: Any) -> None:
+    with KVStoreClient(authed.address, token=TOKENS["b"]) as c:
+        c.put("b/model", FRESH)
+        mine = c.stats()
+    assert (mine.blocks, mine.namespaces) == (len(FRESH), 1)
+    assert mine.lookups == mine.puts == mine.bytes_in == mine.events_published == 0
+    assert sum(t.used_bytes for t in mine.tiers) >= sum(len(b.payload) for b in FRESH)
+    with KVStoreClient(authed.address, token=TOKENS["a"]) as c:
+        assert (c.stats().blocks, c.stats().namespaces) == (len(BLOCKS), 1)
+    with KVStoreClient(authed.address, token=TOKENS["admin"]) as c:
+        everything = c.stats()
+    assert (everything.blocks, everything.namespaces) == (len(BLOCKS) + len(FRESH), 2)
+    assert everything.puts > 0
