@@ -118,6 +118,9 @@ class KVStoreServer:
 
     async def _start(self) -> None:
         cfg = self.cfg
+        # Before anything starts: an exposed port without credentials is refused at once.
+        security = ServerSecurity.from_config(cfg)
+        security.check_exposure(cfg.server.listen)
         os.makedirs(cfg.data_dir, exist_ok=True)
         from kvstore.events import VllmCacheMirror, build_bus, build_ingest
 
@@ -168,8 +171,6 @@ class KVStoreServer:
             ("grpc.max_send_message_length", cfg.server.max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
-        security = ServerSecurity.from_config(cfg)
-        security.check_exposure(cfg.server.listen)
         server = grpc.aio.server(options=opts, maximum_concurrent_rpcs=srv.max_concurrent_rpcs,
                                  interceptors=security.interceptors())
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(
