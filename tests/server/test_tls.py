@@ -140,3 +140,32 @@ def test_bad_client_tls_settings_name_the_variable(pki: Pki, tmp_path: Path) -> 
         ClientSecurity.from_env({"KVSTORE_TLS_CERT": pki.path("tenant-a.crt")})
     with pytest.raises(ConfigError, match="KVSTORE_TLS_CA: no such file"):
         ClientSecurity.from_env({"KVSTORE_TLS_CA": str(tmp_path / "nope.crt")})
+
+
+def test_kvstore_serve_and_stats_commands_with_tls_and_a_token(
+        server_process: Any, pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real commands: `kvstore serve` configured through the environment, `kvstore
+    stats` taking its credentials from it."""
+    import os
+    import subprocess
+    import sys
+
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text('[[tenants]]\nname = "ops"\ntoken_env = "OPS_TOKEN"\n'
+                       'namespaces = ["*"]\nrights = ["read", "admin"]\n')
+    monkeypatch.setenv("KVSTORE_TOKEN", "ops-secret")  # (the fixture's readiness probe)
+    monkeypatch.setenv("KVSTORE_TLS_CA", pki.path("ca.crt"))
+    srv = server_process(KVSTORE_AUTH__TENANTS_FILE=str(tenants), OPS_TOKEN="ops-secret",
+                         KVSTORE_TLS__CERT_FILE=pki.path("server.crt"),
+                         KVSTORE_TLS__KEY_FILE=pki.path("server.key"))
+
+    def stats(**env: str) -> subprocess.CompletedProcess[str]:
+        base = {k: v for k, v in os.environ.items() if k != "KVSTORE_TOKEN"}
+        return subprocess.run([sys.executable, "-m", "kvstore", "stats", "--address",
+                               srv.address], env={**base, **env}, capture_output=True,
+                              text=True, timeout=60)
+
+    ok = stats(KVSTORE_TOKEN="ops-secret")
+    assert ok.returncode == 0 and "0 blocks in 0 namespaces" in ok.stdout, ok.stderr
+    refused = stats()
+    assert refused.returncode != 0 and "no credential" in refused.stderr
