@@ -20,7 +20,7 @@ import collections
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -37,7 +37,7 @@ _TRUE = ("1", "true", "yes", "on")
 
 @dataclass(frozen=True, slots=True)
 class ClientSecurity:
-    token: str = ""
+    token: str = field(default="", repr=False)  # (never in logs)
     tls: bool = False
     ca_file: str = ""
     cert_file: str = ""
@@ -67,18 +67,18 @@ class ClientSecurity:
         return sec
 
     def validate(self, prefix: str = "") -> None:
-        def name(field: str) -> str:
-            return f"{prefix}{field.removesuffix('_file').upper()}" if prefix else field
+        def name(key: str) -> str:
+            return f"{prefix}{key.removesuffix('_file').upper()}" if prefix else key
 
         if bool(self.cert_file) != bool(self.key_file):
             raise ConfigError(f"{name('cert_file')} / {name('key_file')}: a client "
                               "certificate needs its key, and the other way round")
         if (self.ca_file or self.cert_file) and not self.tls:
             raise ConfigError(f"{name('ca_file')} / {name('cert_file')}: need TLS on")
-        for field in ("ca_file", "cert_file", "key_file"):
-            path = getattr(self, field)
+        for key in ("ca_file", "cert_file", "key_file"):
+            path = getattr(self, key)
             if path and not os.path.isfile(path):
-                raise ConfigError(f"{name(field)}: no such file {path!r}")
+                raise ConfigError(f"{name(key)}: no such file {path!r}")
 
     def _credentials(self) -> grpc.ChannelCredentials:
         def read(path: str) -> bytes | None:
