@@ -28,7 +28,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +53,9 @@ def is_loopback(listen: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class AuthConfig:
-    #: ``[[auth.tenants]]`` tables (see :mod:`kvstore.security.grants`).
-    tenants: tuple[Any, ...] = ()
+    #: ``[[auth.tenants]]`` tables (see :mod:`kvstore.security.grants`); may hold tokens,
+    #: so never in repr.
+    tenants: tuple[Any, ...] = field(default=(), repr=False)
     #: A TOML file of ``[[tenants]]`` tables (kept out of the main config: it holds secrets).
     tenants_file: str = ""
     #: Serve a non-loopback address with no credentials configured.
