@@ -290,19 +290,22 @@ def test_open_loopback_server_warns(server_factory: Any, caplog: pytest.LogCaptu
     assert "UNAUTHENTICATED" in caplog.text
 
 
+EVENTS = {"endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"}
+
+
 def test_non_loopback_without_auth_refused(tmp_path: Any) -> None:
     from kvstore.server.app import KVStoreServer
 
     cfg = load_config(env={}, overrides={
         "data_dir": str(tmp_path), "server": {"listen": f"0.0.0.0:{free_port()}",
                                               "metrics_port": 0},
-        "dram": {"capacity": "16MiB"}, "disk": {"enabled": False}})
+        "dram": {"capacity": "16MiB"}, "disk": {"enabled": False}, "events": EVENTS})
     with pytest.raises(ConfigError, match="allow_unauthenticated"):
         asyncio.run(KVStoreServer(cfg).start())
     cfg = load_config(env={"KVSTORE_AUTH__ALLOW_UNAUTHENTICATED": "true"}, overrides={
         "data_dir": str(tmp_path), "server": {"listen": f"0.0.0.0:{free_port()}",
                                               "metrics_port": 0},
-        "dram": {"capacity": "16MiB"}, "disk": {"enabled": False}})
+        "dram": {"capacity": "16MiB"}, "disk": {"enabled": False}, "events": EVENTS})
 
     async def start_stop() -> None:
         srv = KVStoreServer(cfg)
