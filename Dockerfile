@@ -17,4 +17,6 @@ EXPOSE 50051 9100 5557 5558
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
     CMD ["kvstore", "stats", "--address", "127.0.0.1:50051", "--timeout", "2"]
 ENTRYPOINT ["kvstore", "serve"]
+# On every interface: refused at start without credentials ([auth] tenants, mutual TLS, or
+# KVSTORE_AUTH__ALLOW_UNAUTHENTICATED=true); docker-compose.yml configures a token.
 CMD ["--listen", "0.0.0.0:50051", "--data-dir", "/data"]

@@ -35,12 +35,13 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _server(dram: str) -> Iterator[str]:
+def _server(dram: str, env_extra: dict[str, str] | None = None, security: Any = None
+            ) -> Iterator[str]:
     tmp = tempfile.mkdtemp(prefix="kvstore-bench-")
     port = _free_port()
     env = {**os.environ, "KVSTORE_DISK__ENABLED": "false", "KVSTORE_DRAM__CAPACITY": dram,
            "KVSTORE_EVENTS__ENDPOINT": "tcp://127.0.0.1:*",
-           "KVSTORE_EVENTS__REPLAY_ENDPOINT": "tcp://127.0.0.1:*"}
+           "KVSTORE_EVENTS__REPLAY_ENDPOINT": "tcp://127.0.0.1:*", **(env_extra or {})}
     log = open(os.path.join(tmp, "server.log"), "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvstore", "serve", "--listen", f"127.0.0.1:{port}",
@@ -54,7 +55,8 @@ def _server(dram: str) -> Iterator[str]:
             if proc.poll() is not None:
                 raise RuntimeError(f"server exited: {Path(tmp, 'server.log').read_text()}")
             try:
-                with KVStoreClient(address, timeout=1, shared_memory=False) as c:
+                with KVStoreClient(address, timeout=1, shared_memory=False,
+                                   security=security) as c:
                     c.stats()
                 break
             except Exception:
@@ -95,7 +97,8 @@ def _memcpy_gbps(size: int, n: int, repeats: int = 5) -> float:
     return size * n / best / 1e9
 
 
-def _measure(address: str, path: str, size: int, n: int, repeats: int) -> dict[str, float]:
+def _measure(address: str, path: str, size: int, n: int, repeats: int, security: Any = None
+             ) -> dict[str, float]:
     """Best-of-N put, get (new bytes per block) and get_into (caller's buffer) times."""
     from kvstore.client import KVStoreClient
 
@@ -104,7 +107,7 @@ def _measure(address: str, path: str, size: int, n: int, repeats: int) -> dict[s
     dest = np.empty(n * size, np.uint8)
     views = [dest[i * size:(i + 1) * size] for i in range(n)]
     put_s = get_s = into_s = float("inf")
-    with KVStoreClient(address, shared_memory=path == "shm") as c:
+    with KVStoreClient(address, shared_memory=path == "shm", security=security) as c:
         for rep in range(repeats):
             ns = f"bench-{path}-{size}-{rep}"
             t = time.perf_counter()
@@ -189,6 +192,14 @@ def _print(results: dict[str, Any]) -> None:
 
 def _main(args: argparse.Namespace) -> int:
     total = int(args.mib * 2**20)
+    if args.tls:
+        from kvstore.security import bench as tls_bench
+
+        results = tls_bench.run(total, args.repeats)
+        tls_bench.print_results(results)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2))
+        return 0
     if args.address:
         results = run(args.address, total, args.repeats)
     else:
@@ -206,4 +217,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--mib", type=float, default=256, help="bytes per run, MiB (default 256)")
     p.add_argument("--repeats", type=int, default=5, help="best of N runs (default 5)")
     p.add_argument("--json", help="write the results as JSON here")
+    p.add_argument("--tls", action="store_true",
+                   help="gRPC put/get over TLS vs plaintext (two local servers, openssl-made "
+                        "certificates); prints the ratio")
     p.set_defaults(func=_main)

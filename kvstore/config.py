@@ -25,6 +25,15 @@ Example ``kvstore.toml``::
     namespace_prefix = "tenant-a/"
     dram = "512MiB"
     disk = "20GiB"
+
+    [auth]                       # bearer tokens / client certificates -> tenants
+    tenants_file = "/etc/kvstore/tenants.toml"
+
+    [tls]
+    cert_file = "/etc/kvstore/tls/server.crt"
+    key_file = "/etc/kvstore/tls/server.key"
+
+(``[auth]`` and ``[tls]``: see :mod:`kvstore.security.config`.)
 """
 
 from __future__ import annotations
@@ -39,9 +48,11 @@ from pathlib import Path
 from typing import Any
 
 from kvstore.errors import ConfigError
+from kvstore.security.config import AuthConfig, TlsConfig
 
-__all__ = ["Config", "DiskConfig", "DramConfig", "EngineConfig", "QuotaConfig", "RedisConfig",
-           "ServerConfig", "build_section", "load_config", "parse_size"]
+__all__ = ["AuthConfig", "Config", "DiskConfig", "DramConfig", "EngineConfig", "QuotaConfig",
+           "RedisConfig", "ServerConfig", "TlsConfig", "build_section", "load_config",
+           "parse_size"]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -318,6 +329,8 @@ class Config:
     disk: DiskConfig = field(default_factory=DiskConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     redis: RedisConfig = field(default_factory=RedisConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
     #: Event stream settings, validated by kvstore.events (kept raw here so the
     #: events package owns its own schema).
     events: Mapping[str, Any] = field(default_factory=dict)
@@ -333,7 +346,8 @@ class Config:
             raise ConfigError(
                 f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}"
             )
-        for part in (self.server, self.dram, self.disk, self.engine, self.redis):
+        for part in (self.server, self.dram, self.disk, self.engine, self.redis, self.auth,
+                     self.tls):
             part.validate()
         if not (self.dram.enabled or self.disk.enabled or self.redis.enabled):
             raise ConfigError(
@@ -364,7 +378,7 @@ class Config:
 _SIZE_FIELDS = {"capacity", "max_block_bytes", "max_message_bytes", "chunk_bytes",
                 "segment_size", "dram", "disk", "redis"}
 _SECTIONS = {"server": ServerConfig, "dram": DramConfig, "disk": DiskConfig,
-             "engine": EngineConfig, "redis": RedisConfig}
+             "engine": EngineConfig, "redis": RedisConfig, "auth": AuthConfig, "tls": TlsConfig}
 
 
 def _coerce(section: str, name: str, ftype: Any, value: Any) -> Any:

@@ -17,7 +17,9 @@ was wrong and whether retrying can help::
     │   ├── BlockTooLargeForTier       block bigger than a whole tier
     │   └── TierFull                   nothing evictable frees enough room
     │       └── QuotaExceeded                the tenant is at its quota in the tier
-    ├── PermissionDenied         PERMISSION_DENIED   not yours (another client's slot or lease)
+    ├── PermissionDenied         PERMISSION_DENIED   not yours (another client's slot or lease,
+    │                                                 a namespace or right outside the grant)
+    ├── Unauthenticated          UNAUTHENTICATED     no credential, or one the server does not know
     ├── FailedPrecondition       FAILED_PRECONDITION state does not allow it
     │   ├── UnknownReservation         commit of a slot never reserved (or expired)
     │   └── LeaseExpired               read lease no longer valid; data discarded
@@ -52,6 +54,7 @@ __all__ = [
     "ResourceExhausted",
     "TierFull",
     "TierUnavailable",
+    "Unauthenticated",
     "Unavailable",
     "UnknownReservation",
     "error_for_status",
@@ -118,6 +121,10 @@ class PermissionDenied(KVStoreError):
     status = "PERMISSION_DENIED"
 
 
+class Unauthenticated(KVStoreError):
+    status = "UNAUTHENTICATED"
+
+
 class FailedPrecondition(KVStoreError):
     status = "FAILED_PRECONDITION"
 
@@ -149,6 +156,7 @@ _BY_STATUS: dict[str, type[KVStoreError]] = {
         NotFound,
         ResourceExhausted,
         PermissionDenied,
+        Unauthenticated,
         FailedPrecondition,
         Unavailable,
         DataCorruption,

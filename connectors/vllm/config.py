@@ -4,6 +4,11 @@ Settings come from ``kv_connector_extra_config``; every key is optional::
 
     {"address": "127.0.0.1:50051", "tenant": "acme", "hold_max_ms": 2000}
 
+Credentials for a sidecar that requires them come from the worker's environment
+(``KVSTORE_TOKEN``, ``KVSTORE_TLS_CA`` ...; see :mod:`kvstore.security.client`) or
+from the ``token`` / ``tls*`` keys here; prefer the environment for the token, since
+vLLM logs its config.
+
 Unknown keys and values of the wrong type are refused at engine start with a
 :class:`~kvstore.errors.ConfigError` that names the key and what it accepts.
 Nothing here imports vLLM or torch.
@@ -13,12 +18,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvstore.errors import ConfigError
 from kvstore.types import Workload
+
+if TYPE_CHECKING:
+    from kvstore.security.client import ClientSecurity
 
 __all__ = ["ConnectorConfig", "LayoutFingerprint", "namespace_for"]
 
@@ -64,6 +72,17 @@ class ConnectorConfig:
     host_threads: int = 4
     #: Workload class when neither the request nor its session says.
     default_workload: str = Workload.UNKNOWN.value
+    #: Bearer token for the sidecar; empty: ``KVSTORE_TOKEN`` from the environment.
+    token: str = ""
+    #: Connect with TLS (implied by tls_ca_file / tls_cert_file); the server is verified.
+    tls: bool = False
+    #: CA bundle that signs the sidecar's certificate (default: the system's roots).
+    tls_ca_file: str = ""
+    #: Client certificate and key, for a sidecar that requires mutual TLS.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    #: Name to check the sidecar's certificate against when the address is an IP.
+    tls_server_name: str = ""
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> ConnectorConfig:
@@ -101,6 +120,27 @@ class ConnectorConfig:
         if not self.tenant:
             raise ConfigError("tenant must be a non-empty string")
         Workload.parse(self.default_workload)
+        self.security()
+
+    def security(self) -> ClientSecurity:
+        """The environment's credentials, with the keys set here taking precedence."""
+        from kvstore.security.client import ClientSecurity
+
+        return ClientSecurity.from_env().merged(
+            token=self.token or None, tls=True if self.tls else None,
+            ca_file=self.tls_ca_file, cert_file=self.tls_cert_file,
+            key_file=self.tls_key_file, server_name=self.tls_server_name)
+
+    def client_factory(self) -> Callable[[str, float], Any]:
+        """Builds the sidecar client (for :class:`~connectors.vllm.sidecar.SidecarLink`)."""
+        security = self.security()
+
+        def make(address: str, timeout: float) -> Any:
+            from kvstore.client import KVStoreClient
+
+            return KVStoreClient(address=address, timeout=timeout, security=security)
+
+        return make
 
 
 def _coerce(name: str, value: Any, expected: type) -> Any:

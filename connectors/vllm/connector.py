@@ -128,7 +128,8 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
-            link = SidecarLink(cfg.address, cfg.timeout_s, cfg.retry_interval_s)
+            link = SidecarLink(cfg.address, cfg.timeout_s, cfg.retry_interval_s,
+                               client_factory=cfg.client_factory())
             self._scheduler = SchedulerSide(
                 cfg, link, self.namespace, block_size,
                 cache_blocks=int(vllm_config.cache_config.num_gpu_blocks or 0),
@@ -138,6 +139,7 @@ class KVStoreConnector(KVConnectorBase_V1):
                 cfg.address,
                 cfg.timeout_s,
                 cfg.retry_interval_s,
+                client_factory=cfg.client_factory(),
                 on_connect=prefault_in_background if cfg.prefault else None,
             )
             self._worker = WorkerSide(

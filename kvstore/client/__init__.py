@@ -1,6 +1,8 @@
 """Clients of the kvstore sidecar: :class:`KVStoreClient` (blocking) and
 :class:`AsyncKVStoreClient` (asyncio). Both pick the shared-memory data plane
-when the server is on this host and fall back to gRPC streaming otherwise."""
+when the server is on this host and fall back to gRPC streaming otherwise.
+Credentials (bearer token, TLS): :class:`ClientSecurity`, by default from the
+environment (``KVSTORE_TOKEN``, ``KVSTORE_TLS_CA``, ...)."""
 
 from kvstore.client._common import (
     BlockSpec,
@@ -12,10 +14,12 @@ from kvstore.client._common import (
 )
 from kvstore.client.aio import AsyncKVStoreClient
 from kvstore.client.sync import KVStoreClient
+from kvstore.security.client import ClientSecurity
 
 __all__ = [
     "AsyncKVStoreClient",
     "BlockSpec",
+    "ClientSecurity",
     "KVStoreClient",
     "LeaseRead",
     "LookupResult",

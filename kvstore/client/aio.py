@@ -29,6 +29,7 @@ from kvstore.client._common import (
     translate,
 )
 from kvstore.errors import InvalidArgument, KVStoreError, LeaseExpired, TierFull
+from kvstore.security.client import ClientSecurity
 from kvstore.types import BlockData
 
 if TYPE_CHECKING:
@@ -51,10 +52,15 @@ class AsyncKVStoreClient:
     """``async with AsyncKVStoreClient("127.0.0.1:50051") as c: await c.put(...)``."""
 
     def __init__(self, address: str = "127.0.0.1:50051", *, timeout: float = 30.0,
-                 shared_memory: bool | None = None) -> None:
+                 shared_memory: bool | None = None, token: str | None = None,
+                 security: ClientSecurity | None = None) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(address, options=[
+        #: Token and TLS: ``security``, else the environment (``KVSTORE_TOKEN``,
+        #: ``KVSTORE_TLS_*``); ``token`` replaces the token of either.
+        sec = security if security is not None else ClientSecurity.from_env()
+        self.security = sec if token is None else sec.merged(token=token)
+        self._channel = self.security.aio_channel(address, options=[
             ("grpc.max_receive_message_length", _MAX_MESSAGE),
             ("grpc.max_send_message_length", _MAX_MESSAGE),
         ])

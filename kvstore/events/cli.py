@@ -58,13 +58,14 @@ def format_event(seq: int, ts: float, event: wire.KVCacheEvent, as_json: bool = 
 async def tail(
     address: str, start_seq: int, limit: int, as_json: bool, out: TextIO = sys.stdout
 ) -> int:
-    import grpc
 
     from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
     from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
+    from kvstore.security.client import ClientSecurity
 
     count = 0
-    async with grpc.aio.insecure_channel(address) as channel:
+    # KVSTORE_TOKEN / KVSTORE_TLS* like every other client command (the events right).
+    async with ClientSecurity.from_env().aio_channel(address) as channel:
         stub = pb_grpc.KVStoreStub(channel)
         call = stub.SubscribeEvents(pb.SubscribeRequest(start_seq=start_seq))
         async for msg in call:

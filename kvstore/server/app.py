@@ -26,6 +26,7 @@ from kvstore.errors import ConfigError
 from kvstore.metrics import TimedTier, make_registry
 from kvstore.policies.cost import CostModel
 from kvstore.profile.live import LiveProfile
+from kvstore.security.server import ServerSecurity
 from kvstore.server.servicer import KVStoreServicer
 from kvstore.tiers.base import Tier
 
@@ -119,6 +120,9 @@ class KVStoreServer:
 
     async def _start(self) -> None:
         cfg = self.cfg
+        # Before anything starts: an exposed port without credentials is refused at once.
+        security = ServerSecurity.from_config(cfg)
+        security.check_exposure(cfg.server.listen)
         from kvstore.tiers.segment import make_private_dir
 
         make_private_dir(Path(cfg.data_dir))
@@ -178,7 +182,8 @@ class KVStoreServer:
             ("grpc.max_send_message_length", cfg.server.max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
-        server = grpc.aio.server(options=opts, maximum_concurrent_rpcs=srv.max_concurrent_rpcs)
+        server = grpc.aio.server(options=opts, maximum_concurrent_rpcs=srv.max_concurrent_rpcs,
+                                 interceptors=security.interceptors())
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(
             KVStoreServicer(self.engine, self.events, self.profile,
                             max_put_streams=srv.max_put_streams),
@@ -187,7 +192,7 @@ class KVStoreServer:
         reflection.enable_server_reflection(
             (SERVICE_NAME, reflection.SERVICE_NAME, health.SERVICE_NAME), server)
         try:
-            self.port = server.add_insecure_port(cfg.server.listen)
+            self.port = security.add_port(server, cfg.server.listen)
         except RuntimeError as exc:
             self.port = 0
             cause: Exception | None = exc
@@ -204,9 +209,11 @@ class KVStoreServer:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="sweeper")
         if cfg.server.metrics_port:
             self._start_metrics()
-        log.info("kvstore serving on %s (port %d), tiers %s, policy %s, %d blocks recovered",
-                 cfg.server.listen, self.port, [t.name for t in tiers], cfg.engine.policy,
-                 self.recovered)
+        log.info("kvstore serving on %s (port %d, %s, %d tenants), tiers %s, policy %s, "
+                 "%d blocks recovered", cfg.server.listen, self.port,
+                 "mutual TLS" if security.mutual_tls else "TLS" if cfg.tls.enabled
+                 else "plaintext", len(security.table.tenants), [t.name for t in tiers],
+                 cfg.engine.policy, self.recovered)
 
     def _start_metrics(self) -> None:
         from prometheus_client import start_http_server

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -30,6 +31,9 @@ from kvstore.errors import (
 )
 from kvstore.policies import Hint
 from kvstore.profile.live import LiveProfile
+from kvstore.security.grants import Tenant
+from kvstore.security.server import current_tenant, tenant_owner
+from kvstore.security.server import tenant_request_id as _rid
 from kvstore.server.convert import (
     MEDIUM_TO_PB,
     header_to_pb,
@@ -108,9 +112,9 @@ def _stream(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterator[
 
 
 def _owner(context: Any) -> str:
-    """Who a reservation or lease belongs to: the caller's connection."""
+    """Who a reservation or lease belongs to: the caller's tenant and connection."""
     peer = context.peer() if context is not None else ""
-    return peer if isinstance(peer, str) else ""
+    return tenant_owner(peer if isinstance(peer, str) else "")
 
 
 class KVStoreServicer(pb_grpc.KVStoreServicer):
@@ -137,9 +141,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
         eng = self.engine
         hashes = list(request.block_hashes)
-        repeat = eng.requests.get(request.request_id) is not None
+        repeat = eng.requests.get(_rid(request.request_id)) is not None
         found = eng.lookup_request(request.namespace, hashes, request.session_id,
-                                   request.workload, request_id=request.request_id,
+                                   request.workload, request_id=_rid(request.request_id),
                                    num_tokens=request.num_tokens, then=request.then,
                                    tool=request.tool,
                                    expected_gap_s=(request.expected_gap_ms / 1e3
@@ -171,7 +175,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 blocks = [new_block(b.header, b.payload, self.engine.max_block_tokens)
                           for b in req.blocks]
                 s, e = await self.engine.put(req.namespace, blocks, req.session_id,
-                                             req.workload, request_id=req.request_id)
+                                             req.workload, request_id=_rid(req.request_id))
                 self.profile.on_store((len(b.payload), len(b.header.token_ids))
                                       for b in req.blocks)
                 stored += s
@@ -210,7 +214,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         slots = await self._plane().reserve(
             request.namespace, list(zip(request.block_hashes, request.sizes, strict=True)),
             owner=_owner(context), session_id=request.session_id, workload=request.workload,
-            request_id=request.request_id)
+            request_id=_rid(request.request_id))
         return pb.ReserveResponse(
             slots=[slot_to_pb(s, h) if s else pb.SlotDescriptor()
                    for s, h in zip(slots, request.block_hashes, strict=True)],
@@ -225,7 +229,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                  for d, h in zip(request.slots, request.headers, strict=True)]
         stored = await self._plane().commit(request.namespace, items, request.session_id,
                                             request.workload, owner=_owner(context),
-                                            request_id=request.request_id)
+                                            request_id=_rid(request.request_id))
         self.profile.on_store((d.length, len(h.token_ids))
                               for d, h in zip(request.slots, request.headers, strict=True))
         return pb.CommitResponse(stored=stored)
@@ -285,10 +289,34 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         self.profile.on_hint(request.session_id, request.event, request.tool,
                              request.output_tokens)
         return pb.HintResponse(moves=self.engine.hint(hint, request.namespace,
-                                                      request.request_id))
+                                                      _rid(request.request_id)))
+
+    def _tenant_stats(self, tenant: Tenant) -> pb.StatsResponse:
+        """What the tenant's namespaces hold, and nothing of the server's own counters
+        (lookups, bytes, events, sessions): those count other tenants too."""
+        eng = self.engine
+        blocks: Counter[str] = Counter()
+        used: Counter[str] = Counter()
+        total = 0
+        spaces = [ns for ns in eng.index.namespaces() if tenant.covers(ns)]
+        for ns in spaces:
+            for entry in eng.index.blocks_of(ns).values():
+                total += 1
+                for tier in entry.tiers:
+                    blocks[tier] += 1
+                    used[tier] += entry.meta.size
+        tiers = [pb.TierStats(name=name, medium=MEDIUM_TO_PB[t.medium],
+                              capacity_bytes=t.capacity_bytes, used_bytes=used[name],
+                              blocks=blocks[name])
+                 for name, t in eng.tiers.items()]
+        return pb.StatsResponse(tiers=tiers, blocks=total, namespaces=len(spaces),
+                                version=__version__, policy=eng.policy.name)
 
     @_unary
     async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
+        tenant = current_tenant.get()
+        if tenant is not None and "admin" not in tenant.rights:
+            return self._tenant_stats(tenant)
         eng = self.engine
         st = eng.stats
         tiers = [
