@@ -56,6 +56,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
                    help="prefill tokens/s of the cost model (default %(default)s)")
     p.add_argument("--belady", action="store_true",
                    help="add the offline optimum for one tier of the total capacity")
+    p.add_argument("--belady-bypass", action="store_true",
+                   help="also print Belady with bypass (a missed block needed later than "
+                        "every cached one is not stored: the bound for admitting policies)")
     p.add_argument("--server", metavar="ADDR",
                    help="play the trace against a running kvstore serve at ADDR (its policy "
                         "and tiers) instead of the engine in this process")
@@ -151,6 +154,10 @@ def run(args: argparse.Namespace) -> int:
             if total not in belady:
                 belady[total] = belady_hit_rate(requests, total)
     print(format_table(results, belady))
+    if args.belady_bypass:
+        for total in sorted({sum(b.blocks for b in budget) for budget in runs}):
+            hr = belady_hit_rate(requests, total, bypass=True)
+            print(f"belady with bypass, {total} blocks: {100 * hr:.2f}%")
     meta = {"trace": str(args.trace), "requests": len(requests),
             "lookups": sum(len(r.hash_ids) for r in requests),
             "cost_model": {"prefill_tokens_per_s": cost.prefill_tokens_per_s,
