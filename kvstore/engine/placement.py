@@ -58,19 +58,6 @@ class Protected(Container[Hashable]):
                 or key in o.leases.reserved)
 
 
-class _With(Container[Hashable]):
-    """``extra`` and one more key."""
-
-    __slots__ = ("_extra", "_key")
-
-    def __init__(self, extra: Container[Hashable], key: Hashable) -> None:
-        self._extra = extra
-        self._key = key
-
-    def __contains__(self, key: object) -> bool:
-        return key == self._key or key in self._extra
-
-
 class Placement:
     """Tiers, index, policy and the primitives that move bytes between them."""
 
@@ -276,9 +263,6 @@ class Placement:
                 await self._copy_prefix(above, dst, extra)
                 if dst not in above.tiers:
                     return  # the prefix could not be made durable: neither is this block
-            # The room made for the block must not take its parent (it may be the
-            # prefix's last copy, and the block would arrive orphaned).
-            extra = _With(extra, above.key)
         self._in_flight[key] += 1
         try:
             payload = await self.tiers[src].get(key)

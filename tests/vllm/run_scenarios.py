@@ -6,7 +6,7 @@ last line of stdout (``tests/vllm/test_connector_e2e.py`` asserts on it)::
     .venv-vllm/bin/python tests/vllm/run_scenarios.py --workdir /tmp/kvc-e2e \\
         --kvstore-bin .venv/bin/kvstore
 
-Five engine starts, several scenarios each (an engine start costs ~30 s):
+Seven engine starts, several scenarios each (an engine start costs ~30 s):
 
 0. reference engine, no connector: the expected tokens of every prompt;
 1. engine with the connector on sidecar S:
@@ -22,7 +22,9 @@ Five engine starts, several scenarios each (an engine start costs ~30 s):
    (asynchronous saves must never read blocks the engine reused);
 4. an engine with a KV cache of 24 blocks and HBM keep: the sidecar's policy keeps
    a short tool call's blocks in the engine (reused with no load), releases a long
-   one's (loaded back from the sidecar), and the hold budget refuses a keep.
+   one's (loaded back from the sidecar), and the hold budget refuses a keep;
+5-6. two tenants with their own tokens on an authenticating sidecar, one over shared
+   memory, one over gRPC: each hits only its own prefixes.
 """
 
 from __future__ import annotations
@@ -199,6 +201,43 @@ def hbm_keep(llm: Any) -> dict[str, Any]:
     return out
 
 
+def two_tenants(
+    kvstore_bin: str, work: Path, model_dir: Path, timings: dict[str, float]
+) -> dict[str, Any]:
+    """Tenant a (shared memory) and tenant b (gRPC only: ``shared_memory = false``),
+    each with its own bearer token and grant (``vllm/<tenant>/*``), run the same prompt
+    on one sidecar: each hits only what it stored itself."""
+    tenants = work / "tenants.toml"
+    tenants.write_text(
+        "".join(
+            f'[[tenants]]\nname = "{t}"\ntoken = "token-{t}-{t * 8}"\n'
+            f'namespaces = ["vllm/{t}/*"]\nrights = ["read", "write"]\n'
+            f"shared_memory = {'true' if t == 'a' else 'false'}\n"
+            for t in ("a", "b")
+        )
+    )
+    sidecar = Sidecar(
+        kvstore_bin, work / "tenants-data", config={"auth": {"tenants_file": str(tenants)}}
+    )
+    sidecar.start()
+    out: dict[str, Any] = {}
+    try:
+        for t in ("a", "b"):
+            started = time.monotonic()
+            llm = make_llm(model_dir, sidecar.address, block_size=BLOCK, max_model_len=2048,
+                           max_num_seqs=4, timeout_s=2.0, retry_interval_s=1.0, tenant=t,
+                           token=f"token-{t}-{t * 8}")
+            timings[f"tenant_{t}_start"] = time.monotonic() - started
+            first = run(llm, [P1])[0]
+            reset_cache(llm)
+            again = run(llm, [P1])[0]
+            out[t] = {"first": first, "again": again}
+            close(llm)
+    finally:
+        sidecar.stop()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", required=True)
@@ -313,6 +352,9 @@ def main() -> None:
         close(llm)
     finally:
         sidecar.stop()
+
+    # ---- engines 5 and 6: two tenants with their own tokens on one authenticating sidecar
+    result["tenants"] = two_tenants(args.kvstore_bin, work, model_dir, timings)
     timings["total"] = time.monotonic() - t0
     result["timings"] = timings
     print(json.dumps(result))

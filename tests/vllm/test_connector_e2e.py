@@ -189,6 +189,21 @@ def test_hbm_keep_is_the_policys_decision(results: dict[str, Any]) -> None:
             assert kv["held_blocks_max"] <= kv["hold_budget_blocks"] == 6, kv
 
 
+def test_two_tenants_with_their_own_tokens_never_share(results: dict[str, Any]) -> None:
+    """One sidecar with two tenants (bearer tokens, grants vllm/a/* and vllm/b/*; b kept
+    off shared memory, so over gRPC): the same prompt, stored by a, is no hit for b; each
+    loads back what it stored itself."""
+    tenants, ref = results["tenants"], results["ref"]["P1"]
+    for t in ("a", "b"):
+        first, again = tenants[t]["first"], tenants[t]["again"]
+        assert first["tokens"] == ref and again["tokens"] == ref, t
+        assert first["kv"]["sidecar_up"] and again["kv"]["sidecar_up"], t
+        assert first["kv"]["sidecar_hit_tokens"] == 0, (t, first["kv"])  # never a's for b
+        assert first["kv"]["saved_blocks"] == 9, (t, first["kv"])
+        assert _loaded(again) == 9 * BLOCK, (t, again["kv"])  # its own
+    assert tenants["a"]["again"]["kv"]["totals"]["load_bytes"] > 0
+
+
 def test_scheduler_side_against_fakes(vllm_python: str) -> None:
     """Load/save planning, sidecar down, hints and holds: no engine, seconds."""
     why = _check_vllm_python(vllm_python)
