@@ -49,15 +49,16 @@ def test_workload_beats_lru(trace: list[Request], blocks: int, at_least: float) 
 
 @pytest.mark.timeout(900)
 def test_workload_beats_lru_with_dram(trace: list[Request]) -> None:
-    """HBM 1,000 + DRAM 4,000 blocks (docs/benchmarks/replay.md, section 2): 14.29%
-    against LRU's 10.05%. (With a disk tier of 20,000 blocks more the replays take longer
-    than a CI test should: that configuration is a benchmark command in the same page.)"""
+    """HBM 1,000 + DRAM 4,000 blocks on the first 4,000 requests (bounded for CI: LRU's
+    copies between tiers make a whole-trace multi-tier replay take minutes; the whole trace
+    is a benchmark command, docs/benchmarks/replay.md): measured 12.49% against LRU's
+    10.36% (whole trace: 14.29% against 10.05%)."""
+    head = trace[:4000]
     rates = {}
     for name in ("lru", "workload"):
-        res = replay(trace, name, [("hbm", 1000), ("dram", 4000)])
+        res = replay(head, name, [("hbm", 1000), ("dram", 4000)])
         rates[name] = res.hit_rate
         if name == "workload":
-            assert res.hit_rate_by_tier["dram"] > 0.05  # DRAM serves, not only HBM
-        print(name, res.hit_rate, res.hit_rate_by_tier)
+            assert res.hit_rate_by_tier["dram"] > 0.04  # DRAM serves, not only HBM
     assert rates["workload"] > rates["lru"], rates
-    assert rates["workload"] >= 0.14, rates
+    assert rates["workload"] >= 0.12, rates
