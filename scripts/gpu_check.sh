@@ -102,21 +102,55 @@ EOF
 } | tee "$REPORT"
 
 echo "== unit tests on $DEVICE" | tee -a "$REPORT"
-if KVSTORE_TEST_DEVICE=$DEVICE "$PY" -m pytest -q -p no:cacheprovider --basetemp "$WORK/tmp" \
-    "${TESTS[@]}" \
-    > "$WORK/pytest.log" 2>&1; then
-  tail -1 "$WORK/pytest.log" | tee -a "$REPORT"
-else
+# The verdict is pytest's own junit report. An abort after it was written (SIGABRT at
+# interpreter exit: a C++ library's thread outliving finalization, seen once in CI as
+# "terminate called without an active exception" after every test had passed) is
+# reported, not counted as a failed test; any failed, errored or missing test fails.
+rc=0
+PYTHONFAULTHANDLER=1 KVSTORE_TEST_DEVICE=$DEVICE "$PY" -m pytest -q -p no:cacheprovider \
+    --basetemp "$WORK/tmp" --junitxml "$WORK/junit.xml" "${TESTS[@]}" \
+    > "$WORK/pytest.log" 2>&1 || rc=$?
+verdict=$("$PY" - "$WORK/junit.xml" "$rc" <<'EOF'
+import sys
+import xml.etree.ElementTree as ET
+path, rc = sys.argv[1], int(sys.argv[2])
+try:
+    root = ET.parse(path).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    n = int(suite.get("tests", 0)) - int(suite.get("skipped", 0))
+    bad = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+except (OSError, ET.ParseError, AttributeError):
+    n, bad = 0, -1
+if rc == 0:
+    print("ok")
+elif rc == 134 and n > 0 and bad == 0:
+    print("aborted-at-exit")
+else:
+    print("failed")
+EOF
+)
+if [ "$verdict" = failed ]; then
   status=1
   tail -40 "$WORK/pytest.log" | tee -a "$REPORT"
+else
+  grep -E '[0-9]+ passed' "$WORK/pytest.log" | tail -1 | tee -a "$REPORT"
+  if [ "$verdict" = aborted-at-exit ]; then
+    echo "note: every test passed; the pytest process then aborted at exit (rc 134):" | tee -a "$REPORT"
+    grep -m3 -E 'terminate called|Fatal Python error' "$WORK/pytest.log" | tee -a "$REPORT" || true
+  fi
 fi
 
 echo "== save / load through a real sidecar vs plain copies" | tee -a "$REPORT"
 for shape in "${SHAPES[@]}"; do
   # shellcheck disable=SC2086
-  if "$PY" tests/vllm/bench_transfer.py --device "$DEVICE" $shape > "$WORK/bench.out" \
-      2> "$WORK/bench.err"; then
+  rc=0
+  "$PY" tests/vllm/bench_transfer.py --device "$DEVICE" $shape > "$WORK/bench.out" \
+      2> "$WORK/bench.err" || rc=$?
+  if [ $rc = 0 ] || { [ $rc = 134 ] && grep -q '^{' "$WORK/bench.out"; }; then
     grep '^{' "$WORK/bench.out" >> "$WORK/bench.jsonl"
+    if [ $rc = 134 ]; then
+      echo "note: bench $shape finished, then aborted at exit (rc 134)" | tee -a "$REPORT"
+    fi
   else
     status=1
     echo "bench failed: $shape" | tee -a "$REPORT"
