@@ -87,6 +87,9 @@ def _stats(args: argparse.Namespace) -> int:
         print(f"  {t.name:6} {t.medium.value:6} {t.used_bytes:>15,d} / {t.capacity_bytes:,d} "
               f"bytes ({pct:5.1f}%)  {t.blocks:>8,d} blocks  hits {t.hits:,d}  "
               f"evictions {t.evictions:,d}")
+    for q in st.quotas:
+        print(f"  quota {q.namespace_prefix!r} in {q.tier}: {q.used_bytes:,d} / "
+              f"{q.limit_bytes:,d} bytes  evictions {q.evictions:,d}  refused {q.refused:,d}")
     return 0
 
 

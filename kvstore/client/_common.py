@@ -130,6 +130,18 @@ class TierStat:
 
 
 @dataclass(frozen=True, slots=True)
+class QuotaStat:
+    """A quota's limit and what its tenant holds in one tier."""
+
+    namespace_prefix: str
+    tier: str
+    limit_bytes: int
+    used_bytes: int
+    evictions: int
+    refused: int
+
+
+@dataclass(frozen=True, slots=True)
 class Stats:
     tiers: tuple[TierStat, ...]
     blocks: int
@@ -153,6 +165,8 @@ class Stats:
     startup_skipped: int = 0
     quarantined_slots: int = 0
     policy: str = ""
+    #: Every quota for an admin; a tenant's own quotas for a tenant.
+    quotas: tuple[QuotaStat, ...] = ()
 
     @classmethod
     def from_pb(cls, r: pb.StatsResponse) -> Stats:
@@ -168,6 +182,8 @@ class Stats:
             corrupt_reads=r.corrupt_reads, orphans_dropped=r.orphans_dropped,
             demotions_failed=r.demotions_failed, startup_skipped=r.startup_skipped,
             quarantined_slots=r.quarantined_slots, policy=r.policy,
+            quotas=tuple(QuotaStat(q.namespace_prefix, q.tier, q.limit_bytes, q.used_bytes,
+                                   q.evictions, q.refused) for q in r.quotas),
         )
 
     def tier(self, name: str) -> TierStat:

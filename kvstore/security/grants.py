@@ -51,6 +51,11 @@ class Tenant:
     rights: frozenset[str]
     shared_memory: bool = True
 
+    def covers_prefix(self, prefix: str) -> bool:
+        """Whether every namespace starting with ``prefix`` is this tenant's (a quota
+        on ``prefix`` is then its own to see)."""
+        return any(p.endswith("*") and prefix.startswith(p[:-1]) for p in self.namespaces)
+
     def covers(self, namespace: str) -> bool:
         for pattern in self.namespaces:
             if pattern.endswith("*"):

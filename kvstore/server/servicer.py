@@ -310,7 +310,16 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                               blocks=blocks[name])
                  for name, t in eng.tiers.items()]
         return pb.StatsResponse(tiers=tiers, blocks=total, namespaces=len(spaces),
-                                version=__version__, policy=eng.policy.name)
+                                version=__version__, policy=eng.policy.name,
+                                quotas=self._quota_stats(tenant))
+
+    def _quota_stats(self, tenant: Tenant | None) -> list[pb.QuotaStats]:
+        """Quota usage: every quota for an admin (or without auth); for a tenant, the
+        quotas on prefixes all of whose namespaces are its own."""
+        return [pb.QuotaStats(namespace_prefix=u.prefix, tier=u.tier, limit_bytes=u.limit_bytes,
+                              used_bytes=u.used_bytes, evictions=u.evictions, refused=u.refused)
+                for u in self.engine.quotas.usage()
+                if tenant is None or "admin" in tenant.rights or tenant.covers_prefix(u.prefix)]
 
     @_unary
     async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
@@ -340,10 +349,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             corrupt_reads=st.corrupt_reads, orphans_dropped=st.orphans_dropped,
             demotions_failed=st.demotions_failed, startup_skipped=eng.startup_skipped(),
             quarantined_slots=eng.leases.quarantined, policy=eng.policy.name,
-            quotas=[pb.QuotaStats(namespace_prefix=u.prefix, tier=u.tier,
-                                  limit_bytes=u.limit_bytes, used_bytes=u.used_bytes,
-                                  evictions=u.evictions, refused=u.refused)
-                    for u in eng.quotas.usage()],
+            quotas=self._quota_stats(tenant),
         )
 
     @_unary

@@ -430,3 +430,20 @@ def test_stats_without_admin_count_only_the_tenants_namespaces(authed: Any) -> N
         everything = c.stats()
     assert (everything.blocks, everything.namespaces) == (len(BLOCKS) + len(FRESH), 2)
     assert everything.puts > 0
+
+
+def test_a_tenant_sees_its_own_quotas_and_no_one_elses(server_factory: Any) -> None:
+    srv = server_factory(auth={"tenants": TENANTS},
+                         quotas=[{"namespace_prefix": "a/", "dram": "64MiB"},
+                                 {"namespace_prefix": "b/", "dram": "32MiB"}])
+    with KVStoreClient(srv.address, token=TOKENS["a"]) as c:
+        assert c.put(NS_A, BLOCKS) == len(BLOCKS)
+        mine = c.stats()
+    assert [(q.namespace_prefix, q.tier, q.limit_bytes) for q in mine.quotas] == [
+        ("a/", "dram", 64 << 20)]
+    assert mine.quotas[0].used_bytes >= sum(len(b.payload) for b in BLOCKS)
+    with KVStoreClient(srv.address, token=TOKENS["b"]) as c:
+        theirs = c.stats()
+    assert [(q.namespace_prefix, q.used_bytes) for q in theirs.quotas] == [("b/", 0)]
+    with KVStoreClient(srv.address, token=TOKENS["admin"]) as c:
+        assert sorted(q.namespace_prefix for q in c.stats().quotas) == ["a/", "b/"]

@@ -1,9 +1,13 @@
-"""A real server's hardening: owner-only data files, quotas in Stats over gRPC."""
+"""A real server's hardening: owner-only data files, quotas in Stats over gRPC and in
+``kvstore stats``."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -12,6 +16,8 @@ from kvstore import KVStoreClient
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc
 from tests.blocks import make_chain
+
+KVSTORE = shutil.which("kvstore", path=str(Path(sys.executable).parent)) or "kvstore"
 
 KiB = 1024
 
@@ -33,3 +39,7 @@ async def test_data_is_owner_only_and_quotas_show_in_stats(server_factory) -> No
     (q,) = st.quotas
     assert (q.namespace_prefix, q.tier, q.limit_bytes) == ("a/", "dram", 64 * KiB)
     assert 0 < q.used_bytes <= 64 * KiB
+    out = await asyncio.to_thread(
+        subprocess.run, [KVSTORE, "stats", "--address", srv.address], capture_output=True,
+        text=True, check=True)
+    assert f"quota 'a/' in dram: {q.used_bytes:,d} / {64 * KiB:,d} bytes" in out.stdout
