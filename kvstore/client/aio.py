@@ -28,7 +28,7 @@ from kvstore.client._common import (
     tags,
     translate,
 )
-from kvstore.errors import InvalidArgument, KVStoreError, LeaseExpired, TierFull
+from kvstore.errors import InvalidArgument, KVStoreError, TierFull
 from kvstore.security.client import ClientSecurity
 from kvstore.types import BlockData
 
@@ -68,6 +68,8 @@ class AsyncKVStoreClient:
         self._want_shm = shared_memory
         self._shm: bool | None = None
         self._segments = SegmentCache()
+        #: Releases of verified reads, sent without waiting (close() awaits them).
+        self._releases: set[asyncio.Task[None]] = set()
 
     async def _call(self, method: Any, request: Any) -> Any:
         try:
@@ -229,25 +231,33 @@ class AsyncKVStoreClient:
                                           lambda j, _h, payload: sink(j, payload), i)
         return sizes
 
-    async def _read_shm(self, namespace: str, hashes: list[bytes], sink: BlockSink, base: int = 0,
-                   retries: int = 1) -> list[int]:
+    async def _read_shm(self, namespace: str, hashes: list[bytes], sink: BlockSink, base: int = 0
+                        ) -> list[int]:
         """Read blocks under a lease; ``sink(base + i, header, bytes)`` consumes block i
         while the lease holds. Returns payload sizes (0 = missing)."""
         resp = await self._call(self._stub.Acquire,
-                          pb.AcquireRequest(namespace=namespace, block_hashes=hashes))
+                                pb.AcquireRequest(namespace=namespace, block_hashes=hashes))
         sizes, overflow, corrupt = read_acquired(resp, self._segments, sink, base)
-        try:
-            await self._call(self._stub.Release, pb.ReleaseRequest(lease_id=resp.lease_id,
-                                                                corrupt_hashes=corrupt))
-        except LeaseExpired:
-            if retries <= 0:
-                raise
-            # What was read may have been overwritten: read it all again.
-            return await self._read_shm(namespace, hashes, sink, base, retries - 1)
+        # Each block the sink took was checked against its checksum afterwards (see
+        # KVStoreClient._read_shm): the release need not hold up this read, unless it
+        # reports a corrupt copy.
+        release = pb.ReleaseRequest(lease_id=resp.lease_id, corrupt_hashes=corrupt)
+        if corrupt:
+            await self._release_quietly(release)
+        else:
+            task = asyncio.ensure_future(self._release_quietly(release))
+            self._releases.add(task)
+            task.add_done_callback(self._releases.discard)
         if overflow:
             rest = await self._get_grpc(namespace, [hashes[i] for i in overflow])
             fill_overflow(sizes, overflow, rest, sink, base)
         return sizes
+
+    async def _release_quietly(self, request: pb.ReleaseRequest) -> None:
+        try:
+            await self._call(self._stub.Release, request)
+        except KVStoreError as exc:  # an expired lease or a server gone: nothing to undo
+            log.debug("kvstore: release of lease %d: %s", request.lease_id, exc)
 
     async def delete(self, namespace: str, hashes: Sequence[bytes] = ()) -> int:
         resp = await self._call(self._stub.Delete, pb.DeleteRequest(
@@ -274,6 +284,8 @@ class AsyncKVStoreClient:
         return from_pb(await self._call(self._stub.Profile, pb.ProfileRequest()), self.address)
 
     async def close(self) -> None:
+        if self._releases:
+            await asyncio.gather(*self._releases, return_exceptions=True)
         self._segments.close()
         await self._channel.close()
 

@@ -31,7 +31,7 @@ from kvstore.client._common import (
     translate,
 )
 from kvstore.client.inplace import InPlace
-from kvstore.errors import InvalidArgument, KVStoreError, LeaseExpired
+from kvstore.errors import InvalidArgument, KVStoreError
 from kvstore.security.client import ClientSecurity
 from kvstore.types import BlockData
 
@@ -186,9 +186,10 @@ class KVStoreClient(InPlace):
         it wants (for a caller that sizes its buffer from the payload). On the
         shared-memory path ``payload`` is a view of the slot, valid only during the call
         (the read lease holds it); over gRPC it is the received bytes. ``sink`` returns
-        the bytes it took (0: not taken) and may be called again for the same ``i`` when a
-        lease expired and the batch is read again. Returns that per block, 0 where the
-        block is missing."""
+        the bytes it took (0: not taken). What it took counts only if the slot still
+        matches its checksum afterwards (else the block is missing: a lease that ran out
+        while the sink was slow makes a miss, never wrong bytes). Returns that per
+        block, 0 where the block is missing."""
         hashes = [bytes(h) for h in hashes]
         if not self.uses_shared_memory:
             return [sink(i, b.payload) if b else 0
@@ -199,25 +200,33 @@ class KVStoreClient(InPlace):
                                     lambda j, _h, payload: sink(j, payload), i)
         return sizes
 
-    def _read_shm(self, namespace: str, hashes: list[bytes], sink: BlockSink, base: int = 0,
-                   retries: int = 1) -> list[int]:
+    def _read_shm(self, namespace: str, hashes: list[bytes], sink: BlockSink, base: int = 0
+                  ) -> list[int]:
         """Read blocks under a lease; ``sink(base + i, header, bytes)`` consumes block i
         while the lease holds. Returns payload sizes (0 = missing)."""
         resp = self._call(self._stub.Acquire,
                           pb.AcquireRequest(namespace=namespace, block_hashes=hashes))
         sizes, overflow, corrupt = read_acquired(resp, self._segments, sink, base)
-        try:
-            self._call(self._stub.Release, pb.ReleaseRequest(lease_id=resp.lease_id,
-                                                                corrupt_hashes=corrupt))
-        except LeaseExpired:
-            if retries <= 0:
-                raise
-            # What was read may have been overwritten: read it all again.
-            return self._read_shm(namespace, hashes, sink, base, retries - 1)
+        # Every block the sink took was checked against its checksum after it took it:
+        # had the lease run out and the slot been reused meanwhile, the block is missing
+        # here, never wrong. So the release need not hold up this read: it runs on the
+        # call threads (close() waits for it). A corrupt report is sent before
+        # returning, so the server has dropped the bad copy when the caller sees a miss.
+        release = pb.ReleaseRequest(lease_id=resp.lease_id, corrupt_hashes=corrupt)
+        if corrupt:
+            self._release_quietly(release)
+        else:
+            self._background(lambda: self._release_quietly(release))
         if overflow:
             rest = self._get_grpc(namespace, [hashes[i] for i in overflow])
             fill_overflow(sizes, overflow, rest, sink, base)
         return sizes
+
+    def _release_quietly(self, request: pb.ReleaseRequest) -> None:
+        try:
+            self._call(self._stub.Release, request)
+        except KVStoreError as exc:  # an expired lease or a server gone: nothing to undo
+            log.debug("kvstore: release of lease %d: %s", request.lease_id, exc)
 
     def delete(self, namespace: str, hashes: Sequence[bytes] = ()) -> int:
         """Delete blocks; no hashes deletes the whole namespace."""

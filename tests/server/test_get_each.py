@@ -48,3 +48,43 @@ async def test_async_get_each_both_paths(server: Any) -> None:
             sizes = await c.get_each(f"a{shm}", [b.block_hash for b in blocks], sink)
             assert sizes == [10_000] * 3
             assert [got[i] for i in range(3)] == [bytes(b.payload) for b in blocks]
+
+
+def test_a_verified_read_does_not_wait_for_its_release(server_factory: Any) -> None:
+    """Reads are checked against each slot's checksum after the sink took them, so the
+    release runs in the background: a sink that outlives its lease still gets the
+    right bytes once (no read again), and close() leaves no lease behind."""
+    import time
+
+    srv = server_factory(server={"lease_seconds": 0.3})
+    blocks = make_chain(3, 10_000, seed=5)
+    calls: list[int] = []
+
+    def slow(i: int, payload: bytes | bytearray | memoryview) -> int:
+        calls.append(i)
+        time.sleep(0.25)  # three blocks: the lease runs out before the release
+        return len(payload) if bytes(payload) == bytes(blocks[i].payload) else 0
+
+    with KVStoreClient(srv.address, shared_memory=True) as c:
+        c.put("ns", blocks)
+        assert c.get_each("ns", [b.block_hash for b in blocks], slow) == [10_000] * 3
+        assert calls == [0, 1, 2]
+        assert c.get("ns", [blocks[0].block_hash])[0].payload == blocks[0].payload
+    deadline = time.monotonic() + 5  # the sweeper ends leases past their time
+    while time.monotonic() < deadline and len(srv.engine.leases):
+        time.sleep(0.05)
+    assert len(srv.engine.leases) == 0 and not srv.engine.leases.pins
+    srv.run(srv.engine.mover.drain())
+    with KVStoreClient(srv.address, shared_memory=True) as c:  # nothing was dropped
+        assert [b.payload for b in c.get("ns", [b.block_hash for b in blocks])] == [
+            b.payload for b in blocks]
+
+
+async def test_async_close_waits_for_background_releases(server: Any) -> None:
+    blocks = make_chain(4, 10_000, seed=6)
+    async with AsyncKVStoreClient(server.address, shared_memory=True) as c:
+        await c.put("ns", blocks)
+        for _ in range(5):
+            got = await c.get("ns", [b.block_hash for b in blocks])
+            assert [b.payload for b in got] == [b.payload for b in blocks]
+    assert len(server.engine.leases) == 0
