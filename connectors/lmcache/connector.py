@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import numpy as np
 from kvstore.connectors.lmcache.config import PluginConfig
 from kvstore.connectors.lmcache.keys import ChunkLayout, KeyMapper
-from kvstore.connectors.lmcache.link import FailOpenLink
+from kvstore.connectors.lmcache.link import FailOpenLink, prefaulting_factory
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from kvstore.types import BlockData
@@ -68,8 +68,10 @@ class KVStoreRemoteConnector(RemoteConnector):
         self._metadata = metadata
         self._allocator = local_cpu_backend
         self.keys = KeyMapper(settings.tenant, layout_of(metadata, self.meta_fmt))
-        self.link = link or FailOpenLink(settings.address, settings.timeout_s,
-                                         settings.retry_interval_s)
+        self.link = link or FailOpenLink(
+            settings.address, settings.timeout_s, settings.retry_interval_s,
+            client_factory=prefaulting_factory if settings.prefault else None)
+        self.link.call("connect", lambda c: None, None)  # a client (and its mapping) now
         self._pool = concurrent.futures.ThreadPoolExecutor(
             settings.threads, thread_name_prefix="kvstore-lmcache")
         self._workload = settings.workload

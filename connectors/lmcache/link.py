@@ -28,7 +28,7 @@ from kvstore.errors import (
     ResourceExhausted,
 )
 
-__all__ = ["FailOpenLink", "LinkStats"]
+__all__ = ["FailOpenLink", "LinkStats", "prefaulting_factory"]
 
 logger = logging.getLogger("kvstore.connectors.lmcache")
 
@@ -43,6 +43,13 @@ def _default_factory(address: str, timeout: float) -> Any:
     from kvstore.client import KVStoreClient
 
     return KVStoreClient(address=address, timeout=timeout)
+
+
+def prefaulting_factory(address: str, timeout: float) -> Any:
+    """A client that maps the sidecar's shared memory in the background at once."""
+    client = _default_factory(address, timeout)
+    client.prefault_in_background()
+    return client
 
 
 @dataclass(slots=True)

@@ -56,23 +56,9 @@ _FINISHED_MEMORY = 65536
 def prefault_in_background(client: Any) -> None:
     """Map the sidecar's shared memory into this process on a background thread, so
     saves and loads do not pay a page fault per 4 KiB on first touch (a link's
-    ``on_connect`` hook: runs again for the new client after a reconnect)."""
-
-    def run() -> None:
-        started = time.monotonic()
-        try:
-            nbytes = client.prefault()
-        except Exception as exc:  # the data path works without it, only slower
-            logger.info("kvstore: could not prefault the shared memory: %s", exc)
-            return
-        if nbytes:
-            logger.info(
-                "kvstore: mapped %.1f GiB of the sidecar's shared memory in %.1f s",
-                nbytes / 2**30,
-                time.monotonic() - started,
-            )
-
-    threads.start(run, "kvstore-prefault")
+    ``on_connect`` hook: runs again for the new client after a reconnect). The
+    thread is one of the connector's own (free of the worker's CPU pinning)."""
+    client.prefault_in_background(lambda run: threads.start(run, "kvstore-prefault"))
 
 
 class WorkerSide:

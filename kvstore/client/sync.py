@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -253,6 +254,29 @@ class KVStoreClient(InPlace):
         returns the bytes mapped, 0 over gRPC. Takes ~0.25 s per GiB: call it from a
         background thread in a long-lived process."""
         return self._segments.prefault() if self.uses_shared_memory else 0
+
+    def prefault_in_background(
+        self, start: Callable[[Callable[[], None]], object] | None = None
+    ) -> None:
+        """:meth:`prefault` on a background thread (a daemon thread, or what ``start``
+        makes of the function), logging what it mapped: for a long-lived process that
+        connects now and moves blocks later (the vLLM and LMCache connectors)."""
+
+        def run() -> None:
+            started = time.monotonic()
+            try:
+                nbytes = self.prefault()
+            except Exception as exc:  # the data path works without it, only slower
+                log.info("kvstore: could not prefault the shared memory: %s", exc)
+                return
+            if nbytes:
+                log.info("kvstore: mapped %.1f GiB of the sidecar's shared memory in %.1f s",
+                         nbytes / 2**30, time.monotonic() - started)
+
+        if start is None:
+            threading.Thread(target=run, name="kvstore-prefault", daemon=True).start()
+        else:
+            start(run)
 
     def stats(self) -> Stats:
         return Stats.from_pb(self._call(self._stub.Stats, pb.StatsRequest()))
