@@ -47,18 +47,16 @@ def test_workload_beats_lru(trace: list[Request], blocks: int, at_least: float) 
     assert workload >= at_least
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(600)
 def test_workload_beats_lru_with_dram(trace: list[Request]) -> None:
-    """HBM 1,000 + DRAM 4,000 blocks on the first 4,000 requests (bounded for CI: LRU's
-    copies between tiers make a whole-trace multi-tier replay take minutes; the whole trace
-    is a benchmark command, docs/benchmarks/replay.md): measured 12.49% against LRU's
-    10.36% (whole trace: 14.29% against 10.05%)."""
-    head = trace[:4000]
+    """HBM 1,000 + DRAM 4,000 blocks, the whole trace (~40 s here). Measured over six
+    hash seeds (set order decides which leaves of a shared prefix go first): workload
+    13.99-14.39%, LRU 9.80-10.85%."""
     rates = {}
     for name in ("lru", "workload"):
-        res = replay(head, name, [("hbm", 1000), ("dram", 4000)])
+        res = replay(trace, name, [("hbm", 1000), ("dram", 4000)])
         rates[name] = res.hit_rate
         if name == "workload":
             assert res.hit_rate_by_tier["dram"] > 0.04  # DRAM serves, not only HBM
     assert rates["workload"] > rates["lru"], rates
-    assert rates["workload"] >= 0.12, rates
+    assert rates["workload"] >= 0.135, rates
