@@ -64,18 +64,19 @@ class ChildIndex:
         nothing is chosen then).
         """
         chosen: dict[Hashable, None] = {}
+        kept: set[Hashable] = set()  # found to have a protected descendant
         freed = 0
         for key, size in candidates:
             if freed >= nbytes:
                 break
-            if key in chosen or key in protected:
+            if key in chosen or key in protected or key in kept:
                 continue
             kids = self._children.get(key)
             if kids is None or all(k in chosen for k in kids):
                 chosen[key] = None  # a leaf, or every cached child goes too
                 freed += size
                 continue
-            for k, s in self._leaves_first(key, protected, chosen):
+            for k, s in self._leaves_first(key, protected, chosen, kept):
                 chosen[k] = None
                 freed += s
                 if freed >= nbytes:
@@ -84,12 +85,15 @@ class ChildIndex:
 
     def _leaves_first(
         self, root: Hashable, protected: Container[Hashable], chosen: Container[Hashable],
+        kept: set[Hashable],
     ) -> Iterator[tuple[Hashable, int]]:
         """Root's unchosen cached subtree in post-order (children first), lazily: the
         caller stops once it has freed enough, so a shared prefix with thousands of
         cached descendants costs only the path to the leaves it takes (the whole walk
         made LRU's eviction in a two-tier replay of the conversation trace 98% of its
-        run time). A protected block is left out, and so is every ancestor of it."""
+        run time). A protected block is left out, and so is every ancestor of it: those
+        go into ``kept``, so later walks of the same call skip them (a long chain ending
+        in a protected block is walked once, not once per block)."""
         if root not in self._sizes:
             return
         # Frames: key, its children still to visit, whether one of them must stay.
@@ -100,7 +104,7 @@ class ChildIndex:
             for kid in kids:
                 if kid in chosen or kid not in self._sizes:
                     continue
-                if kid in protected:
+                if kid in protected or kid in kept:
                     keeps_child[0] = True
                     continue
                 stack.append((kid, iter(tuple(self._children.get(kid, ()))), [False]))
@@ -108,6 +112,7 @@ class ChildIndex:
             else:
                 stack.pop()
                 if keeps_child[0]:
+                    kept.add(key)
                     if stack:
                         stack[-1][2][0] = True
                     continue

@@ -57,3 +57,13 @@ def test_a_root_not_in_the_index_gives_nothing() -> None:
     idx = ChildIndex()
     idx.add("child", "ghost", 1)
     assert idx.take([("ghost", 1)], 1, set()) is None
+
+
+def test_a_chain_ending_in_a_protected_block_is_walked_once_per_call() -> None:
+    idx = ChildIndex()
+    n = 2000
+    for i in range(n):
+        idx.add(i, i - 1 if i else None, 1)
+    protected = CountingSet({n - 1})  # the tail is pinned: nothing of the chain may go
+    assert idx.take([(i, 1) for i in range(n)], 1, protected) is None
+    assert protected.asked < 3 * n  # not once per block per walk (~n * n / 2)
