@@ -122,6 +122,10 @@ class Placement:
                     await self.tiers[tier_name].delete(key)
 
     # -- capacity -------------------------------------------------------------------
+    def copying(self) -> bool:
+        """Whether copies between tiers are running now (they pin their blocks)."""
+        return bool(self._in_flight)
+
     async def make_room(self, tier_name: str, size: int,
                         extra: Container[Hashable] = (), namespace: str = "",
                         quota_pending: int = 0) -> None:
