@@ -143,7 +143,7 @@ class SlotPlane:
             except QuotaExceeded:
                 raise
             except TierFull:
-                if not eng.copying() or time.monotonic() >= deadline:
+                if not eng.copying(self.tier.name) or time.monotonic() >= deadline:
                     raise
                 await asyncio.sleep(0.005)
 

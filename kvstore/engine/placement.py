@@ -122,9 +122,14 @@ class Placement:
                     await self.tiers[tier_name].delete(key)
 
     # -- capacity -------------------------------------------------------------------
-    def copying(self) -> bool:
-        """Whether copies between tiers are running now (they pin their blocks)."""
-        return bool(self._in_flight)
+    def copying(self, tier_name: str) -> bool:
+        """Whether blocks of ``tier_name`` are being copied to another tier now (they
+        are pinned until the copy ends)."""
+        for key in self._in_flight:
+            entry = self.index.get(key)
+            if entry is not None and tier_name in entry.tiers:
+                return True
+        return False
 
     async def make_room(self, tier_name: str, size: int,
                         extra: Container[Hashable] = (), namespace: str = "",
