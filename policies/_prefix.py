@@ -98,7 +98,7 @@ class ChildIndex:
             return
         # Frames: key, its children still to visit, whether one of them must stay.
         stack: list[tuple[Hashable, Iterator[Hashable], list[bool]]] = [
-            (root, iter(tuple(self._children.get(root, ()))), [False])]
+            (root, iter(self._children.get(root, ())), [False])]
         while stack:
             key, kids, keeps_child = stack[-1]
             for kid in kids:
@@ -107,7 +107,7 @@ class ChildIndex:
                 if kid in protected or kid in kept:
                     keeps_child[0] = True
                     continue
-                stack.append((kid, iter(tuple(self._children.get(kid, ()))), [False]))
+                stack.append((kid, iter(self._children.get(kid, ())), [False]))
                 break
             else:
                 stack.pop()
