@@ -52,6 +52,11 @@ class PluginConfig:
     #: path: measured here, an 8 MiB chunk's copy out of a fresh mapping took 0.85 ms
     #: instead of 0.43).
     prefault: bool = True
+    #: Hand LMCache blocking batched gets as memory objects over the sidecar's slots
+    #: themselves (no copy; the read lease holds until LMCache frees them), where
+    #: LMCache frees what it retrieved right after loading it: when its local CPU
+    #: cache is off (``local_cpu: false``). Otherwise every get copies.
+    zero_copy: bool = True
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None,

@@ -9,9 +9,16 @@ What LMCache calls and what it gets:
   written into the sidecar's shared memory when co-located, streamed over gRPC
   otherwise. No header: the namespace fingerprints the full chunk's layout and a
   partial chunk's token count follows from its size.
-* ``batched_get`` / ``batched_get_non_blocking`` / ``get``: each payload is copied
-  once, from the sidecar's slot (under its read lease) into a ``MemoryObj`` allocated
-  from LMCache's own allocator for exactly that many tokens.
+* ``batched_get``, when LMCache keeps no local CPU cache (``local_cpu: false``): no
+  copy at all. Each chunk is a ``TensorMemoryObj`` over the sidecar's slot itself,
+  checked against its checksum, held under one read lease that ends when LMCache
+  frees the last of them (which it does once it has loaded them into the KV cache).
+* ``batched_get`` with a local CPU cache (LMCache keeps what it retrieved, for as
+  long as it likes, which no lease covers), ``batched_get_non_blocking`` (prefetched
+  objects wait for their request) and ``get`` (LMCache files a single get in its
+  local cache whatever its config): each payload is copied once, from the slot
+  (under its read lease) into a ``MemoryObj`` allocated from LMCache's own allocator
+  for exactly that many tokens.
 * ``remove_sync``: ``Delete``; ``list``: ``[]`` (the sidecar lists namespaces, not keys).
 
 Fail open: every call goes through :class:`~.link.FailOpenLink` and is bounded by
@@ -27,15 +34,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
+import torch
 from kvstore.connectors.lmcache.config import PluginConfig
 from kvstore.connectors.lmcache.keys import ChunkLayout, KeyMapper
 from kvstore.connectors.lmcache.link import FailOpenLink, prefaulting_factory
+from lmcache.v1.memory_management import MemoryObjMetadata, TensorMemoryObj
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
+from kvstore.client.held import HeldRead
 from kvstore.types import BlockData
 
 __all__ = ["KVStoreRemoteConnector", "layout_of"]
@@ -60,6 +71,22 @@ def _release(objs: Any) -> None:
             obj.ref_count_down()
 
 
+class _HeldSlot:
+    """The parent allocator of a memory object over a sidecar slot: freeing the
+    object (LMCache's last ``ref_count_down``, or its garbage collection) lets go of
+    the slot."""
+
+    __slots__ = ("held", "index")
+
+    def __init__(self, held: HeldRead, index: int) -> None:
+        self.held = held
+        self.index = index
+
+    def free(self, obj: Any) -> None:
+        obj.invalidate()  # no second free from its __del__
+        self.held.let_go(self.index)
+
+
 class KVStoreRemoteConnector(RemoteConnector):
     def __init__(self, settings: PluginConfig, config: Any, metadata: Any,
                  local_cpu_backend: Any, *, link: FailOpenLink | None = None) -> None:
@@ -75,6 +102,12 @@ class KVStoreRemoteConnector(RemoteConnector):
         self._pool = concurrent.futures.ThreadPoolExecutor(
             settings.threads, thread_name_prefix="kvstore-lmcache")
         self._workload = settings.workload
+        #: LMCache files what a batched get returns in its local CPU cache when it
+        #: has one; then the objects must be its own memory, not a leased slot.
+        self.zero_copy = settings.zero_copy and not getattr(config, "local_cpu", True)
+        #: Chunks handed to LMCache over a held slot / copied into its own memory.
+        self.handed = {"held": 0, "copied": 0}
+        self._count_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"<KVStoreRemoteConnector {self.settings.address} tenant={self.settings.tenant}>"
@@ -172,53 +205,109 @@ class KVStoreRemoteConnector(RemoteConnector):
             return None
         return obj
 
-    def _get(self, keys: Sequence[Any]) -> list[Any]:
+    def _get(self, keys: Sequence[Any], hold: bool = False) -> list[Any]:
         out: list[Any] = [None] * len(keys)
         for ns, run in self.keys.runs(keys):
-            got: dict[int, Any] = {}
-
-            def sink(j: int, payload: bytes | bytearray | memoryview,
-                     got: dict[int, Any] = got) -> int:
-                try:
-                    obj = got.get(j)
-                    if obj is None:
-                        obj = self._allocate(len(payload))
-                        if obj is None:
-                            return 0
-                        got[j] = obj
-                    np.copyto(np.frombuffer(obj.byte_array, dtype=np.uint8),
-                              np.frombuffer(payload, dtype=np.uint8))
-                    return len(payload)
-                except Exception:  # ours, not the sidecar's: this chunk is a miss
-                    logger.exception("copying a kvstore chunk into LMCache memory failed")
-                    return 0
-
             hashes = [self.keys.block_hash(keys[i]) for i in run]
-            sizes: list[int] | None = self.link.call(
-                "get", lambda c, ns=ns, hashes=hashes, sink=sink: c.get_each(ns, hashes, sink),
-                None)
-            for j, size in enumerate(sizes or ()):
-                if size:
-                    out[run[j]] = got.pop(j)
-            _release(got.values())
+            if hold:
+                self._hold_run(ns, run, hashes, out)
+            else:
+                self._copy_run(ns, run, hashes, out)
         return out
+
+    def _copy_run(self, ns: str, run: Sequence[int], hashes: list[bytes], out: list[Any]
+                  ) -> None:
+        got: dict[int, Any] = {}
+
+        def sink(j: int, payload: bytes | bytearray | memoryview) -> int:
+            try:
+                obj = got.get(j)
+                if obj is None:
+                    obj = self._allocate(len(payload))
+                    if obj is None:
+                        return 0
+                    got[j] = obj
+                np.copyto(np.frombuffer(obj.byte_array, dtype=np.uint8),
+                          np.frombuffer(payload, dtype=np.uint8))
+                return len(payload)
+            except Exception:  # ours, not the sidecar's: this chunk is a miss
+                logger.exception("copying a kvstore chunk into LMCache memory failed")
+                return 0
+
+        sizes: list[int] | None = self.link.call(
+            "get", lambda c: c.get_each(ns, hashes, sink), None)
+        for j, size in enumerate(sizes or ()):
+            if size:
+                out[run[j]] = got.pop(j)
+        _release(got.values())
+        self._count("copied", sum(1 for s in sizes or () if s))
+
+    def _count(self, how: str, n: int) -> None:
+        with self._count_lock:
+            self.handed[how] += n
+
+    def _hold_run(self, ns: str, run: Sequence[int], hashes: list[bytes], out: list[Any]
+                  ) -> None:
+        """Memory objects over the slots themselves; chunks not in shared memory now
+        (or a client on gRPC) are copied as usual."""
+        held: HeldRead | None = self.link.call(
+            "get", lambda c: c.hold_in_place(ns, hashes), None)
+        if held is None:
+            self._copy_run(ns, run, hashes, out)
+            return
+        for j, view in enumerate(held.views):
+            if view is not None:
+                out[run[j]] = self._over(view, held, j)
+        self._count("held", sum(1 for j in range(len(run)) if out[run[j]] is not None))
+        if held.elsewhere:
+            rest = list(held.elsewhere)
+            self._copy_run(ns, [run[j] for j in rest], [hashes[j] for j in rest], out)
+
+    def _over(self, view: memoryview, held: HeldRead, j: int) -> Any:
+        """A memory object whose bytes are ``view`` (held slot ``j``), or None."""
+        tokens, rest = divmod(len(view), self.single_token_size)
+        if rest or not 0 < tokens <= self._metadata.chunk_size:
+            logger.warning("kvstore returned %d bytes, not a whole number of tokens of %d "
+                           "bytes (up to %d): treated as a miss", len(view),
+                           self.single_token_size, self._metadata.chunk_size)
+            held.let_go(j)
+            return None
+        try:
+            shapes, dtypes = self._metadata.get_shapes(tokens), self._metadata.get_dtypes()
+            meta = MemoryObjMetadata(shape=shapes[0], dtype=dtypes[0], address=0,
+                                     phy_size=len(view), ref_count=1, pin_count=0,
+                                     fmt=self.meta_fmt, shapes=shapes, dtypes=dtypes)
+            obj = TensorMemoryObj(torch.frombuffer(view, dtype=torch.uint8), meta,
+                                  _HeldSlot(held, j))
+        except Exception:  # ours, not the sidecar's: this chunk is a miss
+            logger.exception("wrapping a kvstore slot in an LMCache memory object failed")
+            held.let_go(j)
+            return None
+        if obj.get_size() != len(view):
+            obj.ref_count_down()
+            return None
+        return obj
 
     def support_batched_get(self) -> bool:
         return True
 
     async def batched_get(self, keys: list[Any]) -> list[Any]:
+        return await self._bounded(lambda: self._get(keys, hold=self.zero_copy),
+                                   [None] * len(keys), "get", on_late=_release)
+
+    async def _copied(self, keys: list[Any]) -> list[Any]:
         return await self._bounded(lambda: self._get(keys), [None] * len(keys), "get",
                                    on_late=_release)
 
     async def get(self, key: Any) -> Any:
-        return (await self.batched_get([key]))[0]
+        return (await self._copied([key]))[0]
 
     def support_batched_get_non_blocking(self) -> bool:
         return True
 
     async def batched_get_non_blocking(self, lookup_id: str, keys: list[Any]) -> list[Any]:
         """The consecutive prefix of chunks found; the rest is released."""
-        objs = await self.batched_get(keys)
+        objs = await self._copied(keys)
         n = next((i for i, obj in enumerate(objs) if obj is None), len(objs))
         _release(objs[n:])
         return objs[:n]

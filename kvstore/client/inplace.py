@@ -11,7 +11,9 @@ provides the plumbing declared below.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -31,10 +33,13 @@ from kvstore.client._common import (
     put_requests,
     tags,
 )
+from kvstore.client.held import HeldRead
 from kvstore.errors import InvalidArgument, KVStoreError, LeaseExpired, TierFull
 from kvstore.types import BlockData
 
 __all__ = ["InPlace"]
+
+log = logging.getLogger("kvstore.client")
 
 T = TypeVar("T")
 
@@ -207,6 +212,45 @@ class InPlace:
         read may have been overwritten: read again or discard it)."""
         return self._get_in_place(namespace, hashes, read, max_batch, defer=True,
                                   verify=verify)
+
+    def hold_in_place(self, namespace: str, hashes: Sequence[bytes], *,
+                      lease_seconds: float = 0.0) -> HeldRead | None:
+        """The stored blocks of ``hashes`` as views of the server's shared memory that
+        outlive the call: one ``Acquire`` (``lease_seconds``: 0 = the server's default
+        lease), each slot checked against its checksum, nothing copied. The caller
+        lets go of each view (:meth:`HeldRead.let_go`) when done, within the lease;
+        the last one ends the lease in the background. Blocks stored but not in shared
+        memory now come back as None and are listed in ``elsewhere``: read those with
+        :meth:`get_each`. A corrupt slot comes back as None and is reported when the
+        lease ends. None when the client is not on shared memory (nothing to hold)."""
+        hashes = [bytes(h) for h in hashes]
+        if not self.uses_shared_memory:
+            return None
+        resp: pb.AcquireResponse = self._call(self._stub.Acquire, pb.AcquireRequest(
+            namespace=namespace, block_hashes=hashes, lease_seconds=lease_seconds))
+        expires_at = time.monotonic() + resp.lease_seconds
+        slots, sizes, overflow = acquired_slots(resp, self._segments)
+        views: list[memoryview | None] = [None] * len(hashes)
+        release = pb.ReleaseRequest(lease_id=resp.lease_id)
+        for i, slot in slots:
+            view = slot.view()
+            if xxhash.xxh3_64_intdigest(view) == resp.slots[i].checksum:
+                views[i] = view
+            else:
+                sizes[i] = 0
+                release.corrupt_hashes.append(bytes(resp.headers[i].block_hash))
+
+        def end() -> None:
+            def send() -> None:
+                try:
+                    self._call(self._stub.Release, release)
+                except KVStoreError as exc:  # expired, or the server gone: nothing to undo
+                    log.debug("kvstore: release of held lease %d: %s", release.lease_id, exc)
+            if release.corrupt_hashes:  # the server drops the bad copies before a retry
+                send()
+            else:
+                self._background(send)
+        return HeldRead(views, sizes, overflow, expires_at, end)
 
     def _get_in_place(self, namespace: str, hashes: Sequence[bytes], read: SlotCallback,
                       max_batch: int, defer: bool, verify: bool = True) -> LeaseRead:

@@ -10,7 +10,8 @@ stdout (LMCache's own output goes to stderr). Commands::
         -> {"seconds", "chunks", "chunk_hashes", "flushed"}   (waits for the puts)
     {"op": "retrieve", "name": str, "prompt": int, "kv_seed": int, "salt": str}
         -> {"seconds", "hit_tokens", "tokens", "equal"}   (bytes equal to kv_seed's KV)
-    {"op": "link", "name": str} -> the plugin's link stats
+    {"op": "link", "name": str} -> the plugin's link stats, zero_copy and chunks handed
+        over held slots / copied
     {"op": "close", "name": str}
 
 Prompt ``p`` is ``TOKENS`` tokens drawn from seed ``p``; its KV is drawn from
@@ -99,7 +100,8 @@ def main() -> None:
         client = plugin.link._client
         return {"up": plugin.link.is_up, "calls": st.calls, "failures": st.failures,
                 "skipped": st.skipped, "reconnects": st.reconnects, "refused": st.refused,
-                "shared_memory": None if client is None else client.uses_shared_memory}
+                "shared_memory": None if client is None else client.uses_shared_memory,
+                "zero_copy": plugin.zero_copy, "handed": dict(plugin.handed)}
 
     def close(cmd: dict[str, Any]) -> dict[str, Any]:
         eng, _, _ = engines.pop(cmd["name"])

@@ -64,8 +64,36 @@ def test_a_fresh_engine_retrieves_every_chunk_with_identical_bytes(server: Any,
     _engine(driver, "b", server.address)  # fresh, keeps nothing locally
     out = _retrieve(driver, "b", prompt=1, kv_seed=11)
     assert out["hit_tokens"] == TOKENS
-    assert driver.call("link", name="b")["shared_memory"] is True  # co-located: shm plane
+    link = driver.call("link", name="b")
+    assert link["shared_memory"] is True  # co-located: shm plane
+    # No local cache: LMCache loaded the sidecar's slots themselves, no copy, and
+    # freeing them ended the read lease.
+    assert link["zero_copy"] is True and link["handed"] == {"held": CHUNKS, "copied": 0}
+    assert _leases_end(server)
     assert _retrieve(driver, "b", prompt=2, kv_seed=11)["hit_tokens"] == 0  # never stored
+
+
+def _leases_end(srv: Any) -> bool:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and len(srv.engine.leases):
+        time.sleep(0.02)
+    return len(srv.engine.leases) == 0 and not srv.engine.leases.pins
+
+
+def test_an_engine_with_a_local_cache_gets_copies_it_may_keep(server: Any,
+                                                             driver: Driver) -> None:
+    """LMCache files what it retrieves in its local CPU cache: those chunks must be
+    its own memory, not a slot whose lease ends; later hits come from that cache."""
+    _engine(driver, "a", server.address)
+    _store(driver, "a", prompt=3, kv_seed=33)
+    _engine(driver, "c", server.address, local_cpu=True)
+    assert _retrieve(driver, "c", prompt=3, kv_seed=33)["hit_tokens"] == TOKENS
+    link = driver.call("link", name="c")
+    assert link["zero_copy"] is False and link["handed"] == {"held": 0, "copied": CHUNKS}
+    assert _leases_end(server)
+    # Again: every chunk from LMCache's own cache (the plugin hands over nothing more).
+    assert _retrieve(driver, "c", prompt=3, kv_seed=33)["hit_tokens"] == TOKENS
+    assert driver.call("link", name="c")["handed"] == {"held": 0, "copied": CHUNKS}
 
 
 def test_cache_salts_and_tenants_never_see_each_others_chunks(server: Any,

@@ -1,0 +1,84 @@
+"""``hold_in_place``: stored blocks handed out as views of the server's shared memory
+that outlive the call, under one read lease that ends when the last view is let go
+(the LMCache plugin's zero-copy gets)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from kvstore import KVStoreClient
+from kvstore.types import BlockKey
+from tests.blocks import make_chain
+
+
+def _leases_gone(srv: Any, within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and len(srv.engine.leases):
+        time.sleep(0.02)
+    return len(srv.engine.leases) == 0 and not srv.engine.leases.pins
+
+
+def test_views_are_the_stored_bytes_until_the_last_is_let_go(server: Any) -> None:
+    blocks = make_chain(3, 50_000, seed=21)
+    hashes = [b.block_hash for b in blocks]
+    with KVStoreClient(server.address, shared_memory=True) as c:
+        c.put("h", blocks)
+        held = c.hold_in_place("h", [*hashes, b"\x07" * 32])  # the last is not stored
+        assert held is not None and held.held == 3
+        assert [bytes(v) for v in held.views[:3]] == [b.payload for b in blocks]
+        assert held.views[3] is None and held.sizes == [50_000] * 3 + [0]
+        assert held.elsewhere == []
+        # While held, the blocks are pinned: the lease is the server's, not the call's.
+        assert len(server.engine.leases) == 1
+        held.let_go(0)
+        held.let_go(0)  # idempotent
+        held.let_go(2)
+        assert held.held == 1 and len(server.engine.leases) == 1
+        assert bytes(held.views[1]) == blocks[1].payload
+        held.let_go(1)
+        assert _leases_gone(server)
+        # Nothing was dropped or moved by holding it.
+        assert [g.payload for g in c.get("h", hashes)] == [b.payload for b in blocks]
+
+
+def test_a_corrupt_slot_is_not_handed_out_and_is_reported(server: Any) -> None:
+    blocks = make_chain(2, 64 * 1024, seed=22)
+    hashes = [b.block_hash for b in blocks]
+    with KVStoreClient(server.address, shared_memory=True) as c:
+        c.put("h", blocks)
+        server.drain()
+        dram = server.engine.tiers["dram"].unwrap()
+        dram.view(dram.locate(BlockKey("h", hashes[1])))[7] ^= 0xFF  # a rogue writer
+        held = c.hold_in_place("h", hashes)
+        assert held is not None
+        assert bytes(held.views[0]) == blocks[0].payload
+        assert held.views[1] is None and held.sizes[1] == 0
+        held.let_go_all()
+        assert _leases_gone(server)
+        assert c.stats().corrupt_reads >= 1
+        # The corrupt DRAM copy is gone: the disk copy serves the right bytes.
+        assert [g.payload for g in c.get("h", hashes)] == [b.payload for b in blocks]
+
+
+def test_a_view_kept_past_its_lease_is_warned_about(server_factory: Any,
+                                                     caplog: Any) -> None:
+    srv = server_factory(server={"lease_seconds": 0.2})
+    blocks = make_chain(1, 10_000, seed=23)
+    with KVStoreClient(srv.address, shared_memory=True) as c:
+        c.put("h", blocks)
+        held = c.hold_in_place("h", [blocks[0].block_hash])
+        assert held is not None and held.expires_at <= time.monotonic() + 0.2
+        time.sleep(0.3)
+        with caplog.at_level(logging.WARNING, logger="kvstore.client"):
+            held.let_go(0)
+        assert "after its lease ended" in caplog.text
+    assert _leases_gone(srv)
+
+
+def test_over_grpc_there_is_nothing_to_hold(server: Any) -> None:
+    blocks = make_chain(1, 1000, seed=24)
+    with KVStoreClient(server.address, shared_memory=False) as c:
+        c.put("h", blocks)
+        assert c.hold_in_place("h", [blocks[0].block_hash]) is None
