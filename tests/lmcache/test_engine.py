@@ -94,6 +94,11 @@ def test_an_engine_with_a_local_cache_gets_copies_it_may_keep(server: Any,
     # Again: every chunk from LMCache's own cache (the plugin hands over nothing more).
     assert _retrieve(driver, "c", prompt=3, kv_seed=33)["hit_tokens"] == TOKENS
     assert driver.call("link", name="c")["handed"] == {"held": 0, "copied": CHUNKS}
+    # Without a local cache but zero_copy off: copies too.
+    _engine(driver, "d", server.address, settings={"zero_copy": False})
+    assert _retrieve(driver, "d", prompt=3, kv_seed=33)["hit_tokens"] == TOKENS
+    link = driver.call("link", name="d")
+    assert link["zero_copy"] is False and link["handed"] == {"held": 0, "copied": CHUNKS}
 
 
 def test_cache_salts_and_tenants_never_see_each_others_chunks(server: Any,

@@ -85,6 +85,7 @@ def test_settings_come_from_the_plugins_prefix() -> None:
         "remote_storage_plugin.kvstore.timeout_s": "0.5",  # LMCache env overrides: strings
         "remote_storage_plugin.kvstore.threads": 4,
         "remote_storage_plugin.kvstore.prefault": "false",
+        "remote_storage_plugin.kvstore.zero_copy": False,
         "remote_storage_plugin.kvstore.primary.tenant": "acme",
         "remote_storage_plugin.fs.base_path": "/elsewhere",  # another plugin's: ignored
         "save_chunk_meta": True,
@@ -93,6 +94,7 @@ def test_settings_come_from_the_plugins_prefix() -> None:
     assert (cfg.address, cfg.timeout_s, cfg.threads, cfg.tenant) == ("10.0.0.5:6000", 0.5, 4,
                                                                      "default")
     assert cfg.prefault is False and PluginConfig().prefault is True
+    assert cfg.zero_copy is False and PluginConfig().zero_copy is True
     primary = PluginConfig.from_extra_config(extra, "kvstore.primary")  # instance over type
     assert (primary.address, primary.tenant) == ("10.0.0.5:6000", "acme")
     assert PluginConfig.from_extra_config(None) == PluginConfig()
@@ -106,6 +108,7 @@ def test_settings_come_from_the_plugins_prefix() -> None:
     ("threads", 1.5, "must be int"),
     ("threads", 0, "threads must be >= 1"),
     ("prefault", "maybe", "must be bool"),
+    ("zero_copy", 2, "must be bool"),
     ("tenant", "", "tenant must be a non-empty string"),
     ("workload", "gaming", "unknown workload 'gaming'"),
 ])
