@@ -11,6 +11,7 @@ provides the plumbing declared below.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -232,17 +233,22 @@ class InPlace:
         resp: pb.AcquireResponse = self._call(self._stub.Acquire, pb.AcquireRequest(
             namespace=namespace, block_hashes=hashes, lease_seconds=lease_seconds))
         expires_at = time.monotonic() + resp.lease_seconds
-        slots, sizes, overflow = acquired_slots(resp, self._segments)
         views: list[memoryview | None] = [None] * len(hashes)
         release = pb.ReleaseRequest(lease_id=resp.lease_id)
-        checked = [(i, slot.view()) for i, slot in slots]
-        for (i, view), digest in zip(checked, self._checksums([v for _, v in checked]),
-                                     strict=True):
-            if digest == resp.slots[i].checksum:
-                views[i] = view
-            else:
-                sizes[i] = 0
-                release.corrupt_hashes.append(bytes(resp.headers[i].block_hash))
+        try:
+            slots, sizes, overflow = acquired_slots(resp, self._segments)
+            checked = [(i, slot.view()) for i, slot in slots]
+            for (i, view), digest in zip(checked, self._checksums([v for _, v in checked]),
+                                         strict=True):
+                if digest == resp.slots[i].checksum:
+                    views[i] = view
+                else:
+                    sizes[i] = 0
+                    release.corrupt_hashes.append(bytes(resp.headers[i].block_hash))
+        except BaseException:
+            with contextlib.suppress(KVStoreError):  # else it ends by the server's clock
+                self._call(self._stub.Release, release)
+            raise
 
         def end() -> None:
             def send() -> None:
@@ -263,7 +269,8 @@ class InPlace:
         if len(views) < 2 or sum(len(v) for v in views) < PARALLEL_HASH_BYTES:
             return [xxhash.xxh3_64_intdigest(v) for v in views]
         half = len(views) // 2
-        rest = [self._background(lambda v=v: xxhash.xxh3_64_intdigest(v)) for v in views[half:]]
+        rest = [self._background(functools.partial(xxhash.xxh3_64_intdigest, v))
+                for v in views[half:]]
         return [xxhash.xxh3_64_intdigest(v) for v in views[:half]] + [r() for r in rest]
 
     def _get_in_place(self, namespace: str, hashes: Sequence[bytes], read: SlotCallback,
