@@ -14,7 +14,7 @@ from collections.abc import Container, Hashable, Iterable, Iterator
 class ChildIndex:
     """Parent links and cached-children counts for the blocks of one tier."""
 
-    __slots__ = ("_children", "_parent", "_sizes")
+    __slots__ = ("_children", "_epoch", "_hints", "_parent", "_sizes")
 
     def __init__(self) -> None:
         self._parent: dict[Hashable, Hashable | None] = {}
@@ -22,6 +22,12 @@ class ChildIndex:
         # Keyed by parent whether or not the parent is cached, so a child stored
         # before its parent is linked as soon as the parent arrives.
         self._children: dict[Hashable, set[Hashable]] = {}
+        # Where the last walk from a root stopped (the deepest block it left), so the
+        # next one starts there instead of walking down the chain again; stamped with
+        # the epoch, which moves whenever a block with cached children leaves (the
+        # only change that can cut the path from a root to its hint).
+        self._hints: dict[Hashable, tuple[Hashable, int]] = {}
+        self._epoch = 0
 
     def __contains__(self, key: object) -> bool:
         return key in self._sizes
@@ -37,6 +43,9 @@ class ChildIndex:
     def remove(self, key: Hashable) -> None:
         if self._sizes.pop(key, None) is None:
             return
+        if key in self._children:
+            self._epoch += 1
+        self._hints.pop(key, None)
         parent = self._parent.pop(key, None)
         if parent is not None:
             kids = self._children.get(parent)
@@ -93,27 +102,73 @@ class ChildIndex:
         made LRU's eviction in a two-tier replay of the conversation trace 98% of its
         run time). A protected block is left out, and so is every ancestor of it: those
         go into ``kept``, so later walks of the same call skip them (a long chain ending
-        in a protected block is walked once, not once per block)."""
+        in a protected block is walked once, not once per block).
+
+        The walk starts where the last one from ``root`` stopped (its hint) and climbs
+        back to ``root`` one parent at a time once that subtree is done: evicting an
+        agent session's long chain from its tail, one call per block, no longer walks
+        down the whole chain per call (measured: 61% of a three-tier replay of the agent
+        trace)."""
         if root not in self._sizes:
             return
+        start = self._start(root, protected, chosen, kept)
         # Frames: key, its children still to visit, whether one of them must stay.
         stack: list[tuple[Hashable, Iterator[Hashable], list[bool]]] = [
-            (root, iter(self._children.get(root, ())), [False])]
-        while stack:
-            key, kids, keeps_child = stack[-1]
-            for kid in kids:
-                if kid in chosen or kid not in self._sizes:
-                    continue
-                if kid in protected or kid in kept:
-                    keeps_child[0] = True
-                    continue
-                stack.append((kid, iter(self._children.get(kid, ())), [False]))
-                break
-            else:
-                stack.pop()
-                if keeps_child[0]:
-                    kept.add(key)
-                    if stack:
-                        stack[-1][2][0] = True
-                    continue
-                yield key, self._sizes[key]
+            (start, iter(self._children.get(start, ())), [False])]
+        while True:
+            while stack:
+                key, kids, keeps_child = stack[-1]
+                for kid in kids:
+                    if kid in chosen or kid not in self._sizes:
+                        continue
+                    if kid in protected or kid in kept:
+                        keeps_child[0] = True
+                        continue
+                    stack.append((kid, iter(self._children.get(kid, ())), [False]))
+                    break
+                else:
+                    stack.pop()
+                    if keeps_child[0]:
+                        kept.add(key)
+                        if stack:
+                            stack[-1][2][0] = True
+                        continue
+                    if key != root:
+                        self._hints[root] = (self._parent[key], self._epoch)
+                    yield key, self._sizes[key]
+            if start == root:
+                return
+            # start's subtree is done: go on with its parent's other children, then it.
+            start = self._parent[start]
+            if start in protected or start in kept:
+                self._keep_up(start, root, kept)
+                return
+            stack.append((start, iter(self._children.get(start, ())), [False]))
+
+    def _start(self, root: Hashable, protected: Container[Hashable],
+               chosen: Container[Hashable], kept: set[Hashable]) -> Hashable:
+        """Root's hint if it still lies under root (and may be walked), else root."""
+        hint = self._hints.get(root)
+        if hint is None:
+            return root
+        node, epoch = hint
+        if node not in self._sizes or node in chosen or node in protected or node in kept:
+            return root
+        if epoch != self._epoch:  # a block with children left: is the path still there?
+            up: Hashable | None = node
+            while up is not None and up != root:
+                up = self._parent.get(up)
+            if up != root:
+                del self._hints[root]
+                return root
+            self._hints[root] = (node, self._epoch)
+        return node
+
+    def _keep_up(self, key: Hashable, root: Hashable, kept: set[Hashable]) -> None:
+        """``key`` must stay (protected, or above one): so must every ancestor up to root."""
+        node: Hashable | None = key
+        while node is not None:
+            kept.add(node)
+            if node == root:
+                return
+            node = self._parent.get(node)

@@ -254,12 +254,16 @@ class InPlace:
             def send() -> None:
                 try:
                     self._call(self._stub.Release, release)
-                except KVStoreError as exc:  # expired, or the server gone: nothing to undo
+                except Exception as exc:  # expired, server gone, client closed: the lease
+                    # ends by the server's clock; nothing here to undo
                     log.debug("kvstore: release of held lease %d: %s", release.lease_id, exc)
             if release.corrupt_hashes:  # the server drops the bad copies before a retry
                 send()
-            else:
+                return
+            try:
                 self._background(send)
+            except RuntimeError:  # the client was closed: its calls are over
+                log.debug("kvstore: held lease %d let go after close", release.lease_id)
         return HeldRead(views, sizes, overflow, expires_at, end)
 
     def _checksums(self, views: Sequence[memoryview]) -> list[int]:

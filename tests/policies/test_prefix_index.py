@@ -67,3 +67,83 @@ def test_a_chain_ending_in_a_protected_block_is_walked_once_per_call() -> None:
     protected = CountingSet({n - 1})  # the tail is pinned: nothing of the chain may go
     assert idx.take([(i, 1) for i in range(n)], 1, protected) is None
     assert protected.asked < 3 * n  # not once per block per walk (~n * n / 2)
+
+
+def test_a_long_chain_evicted_one_block_per_call_is_not_walked_from_its_head() -> None:
+    # An agent session's chain: LRU offers the head first (appended blocks are newer),
+    # and each call frees one block from the tail.
+    idx = ChildIndex()
+    n = 3000
+    for i in range(n):
+        idx.add(i, i - 1 if i else None, 1)
+    protected = CountingSet(set())
+    for expected in range(n - 1, n - 501, -1):
+        victims = idx.take([(0, 1)], 1, protected)
+        assert victims == [expected]
+        idx.remove(expected)
+    # The first call walks down once; the rest start where it stopped (from the head
+    # each time: ~n asks per call).
+    assert protected.asked < n + 5 * 500
+
+
+def _ancestors(parent: dict[int, int | None], key: int, idx: ChildIndex) -> set[int]:
+    """Cached ancestors up to the first one not cached (a prefix stops there)."""
+    out = set()
+    p = parent.get(key)
+    while p is not None and p in idx:
+        out.add(p)
+        p = parent.get(p)
+    return out
+
+
+def test_take_on_random_forests_matches_its_rules() -> None:
+    """Random forests, random candidate orders and protected sets, many calls with
+    removals in between (inner blocks too): victims are cached and distinct, children
+    before parents, never a protected block nor an ancestor of one, and None exactly
+    when the eligible blocks cannot free enough."""
+    import random
+
+    for seed in range(60):
+        rnd = random.Random(seed)
+        idx = ChildIndex()
+        parent: dict[int, int | None] = {}
+        size: dict[int, int] = {}
+        nxt = 0
+        for _ in range(rnd.randrange(5, 120)):
+            p = rnd.choice(list(parent)) if parent and rnd.random() < 0.85 else None
+            parent[nxt], size[nxt] = p, rnd.randrange(1, 4)
+            idx.add(nxt, p, size[nxt])
+            nxt += 1
+        for _ in range(40):
+            cached = [k for k in parent if k in idx]
+            if not cached:
+                break
+            protected = set(rnd.sample(cached, rnd.randrange(0, min(4, len(cached)) + 1)))
+            order = cached[:]
+            rnd.shuffle(order)
+            if rnd.random() < 0.5:  # oldest heads first, as LRU offers an appended chain
+                order.sort(key=lambda k: len(_ancestors(parent, k, idx)))
+            nbytes = rnd.randrange(1, 12)
+            victims = idx.take([(k, size[k]) for k in order], nbytes, protected)
+            banned = set(protected)
+            for k in protected:
+                banned |= _ancestors(parent, k, idx)
+            eligible = sum(size[k] for k in cached if k not in banned)
+            if victims is None:
+                assert eligible < nbytes, (seed, nbytes, eligible)
+            else:
+                assert len(set(victims)) == len(victims)
+                assert all(k in idx and k not in banned for k in victims)
+                assert sum(size[k] for k in victims) >= nbytes
+                for k in victims:  # every cached child of a victim went before it
+                    idx.remove(k)
+                    assert not any(c in idx for c in parent if parent[c] == k), (seed, k)
+            if rnd.random() < 0.3:  # something leaves out of order (an inner block too)
+                gone = rnd.choice([k for k in parent if k in idx] or [None])
+                if gone is not None:
+                    idx.remove(gone)
+            for _ in range(rnd.randrange(0, 4)):  # new blocks, some under old ones
+                p = rnd.choice([k for k in parent if k in idx] or [None])
+                parent[nxt], size[nxt] = p, rnd.randrange(1, 4)
+                idx.add(nxt, p, size[nxt])
+                nxt += 1

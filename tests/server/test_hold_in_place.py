@@ -82,3 +82,21 @@ def test_over_grpc_there_is_nothing_to_hold(server: Any) -> None:
     with KVStoreClient(server.address, shared_memory=False) as c:
         c.put("h", blocks)
         assert c.hold_in_place("h", [blocks[0].block_hash]) is None
+
+
+def test_views_outlive_a_stopped_server_and_a_closed_client(server_factory: Any) -> None:
+    """The sidecar gone (its segments unlinked) or the client closed while a reader
+    still holds views: the views stay readable (the mapping lives until they go) and
+    letting go raises nothing."""
+    srv = server_factory()
+    blocks = make_chain(2, 100_000, seed=25)
+    c = KVStoreClient(srv.address, shared_memory=True, timeout=2)
+    c.put("h", blocks)
+    held = c.hold_in_place("h", [b.block_hash for b in blocks])
+    assert held is not None
+    srv.stop()
+    assert [bytes(v) for v in held.views] == [b.payload for b in blocks]  # no SIGBUS
+    held.let_go(0)
+    c.close()
+    assert bytes(held.views[1]) == blocks[1].payload
+    held.let_go(1)  # the Release goes nowhere, quietly
