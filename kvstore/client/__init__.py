@@ -14,6 +14,7 @@ from kvstore.client._common import (
     TierStat,
 )
 from kvstore.client.aio import AsyncKVStoreClient
+from kvstore.client.held import HeldRead
 from kvstore.client.sync import KVStoreClient
 from kvstore.security.client import ClientSecurity
 
@@ -21,6 +22,7 @@ __all__ = [
     "AsyncKVStoreClient",
     "BlockSpec",
     "ClientSecurity",
+    "HeldRead",
     "KVStoreClient",
     "LeaseRead",
     "LookupResult",
