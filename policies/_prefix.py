@@ -139,10 +139,15 @@ class ChildIndex:
             if start == root:
                 return
             # start's subtree is done: go on with its parent's other children, then it.
-            start = self._parent[start]
-            if start in protected or start in kept:
-                self._keep_up(start, root, kept)
-                return
+            parent = self._parent.get(start)
+            if parent is None:  # a top block, not root: the hint's block came back under
+                self._hints.pop(root, None)  # another parent (bad input): walk from root
+                start = root
+            else:
+                start = parent
+                if start in protected or start in kept:
+                    self._keep_up(start, root, kept)
+                    return
             stack.append((start, iter(self._children.get(start, ())), [False]))
 
     def _start(self, root: Hashable, protected: Container[Hashable],

@@ -147,3 +147,31 @@ def test_take_on_random_forests_matches_its_rules() -> None:
                 parent[nxt], size[nxt] = p, rnd.randrange(1, 4)
                 idx.add(nxt, p, size[nxt])
                 nxt += 1
+            gone = [k for k in parent if k not in idx]
+            if gone and rnd.random() < 0.3:  # a block back, maybe under another parent
+                k = rnd.choice(gone)
+                p = rnd.choice([c for c in parent if c in idx and c != k] or [None])
+                up, line = p, set()  # no cycles: k must not be above p by any link
+                while up is not None and up not in line:
+                    line.add(up)
+                    up = parent.get(up)
+                if k not in line:
+                    parent[k] = p
+                    idx.add(k, p, size[k])
+
+
+def test_a_hint_whose_block_came_back_elsewhere_is_not_followed_up_to_another_root() -> None:
+    idx = ChildIndex()
+    for i in range(6):
+        idx.add(i, i - 1 if i else None, 1)
+    assert idx.take([(0, 1)], 1, set()) == [5]  # the walk from 0 stopped at 4
+    idx.remove(5)
+    assert idx.take([(0, 1)], 1, set()) == [4]  # hint: 3
+    idx.remove(4)
+    idx.remove(3)  # a leaf by now: no epoch change
+    idx.add("top", None, 1)
+    idx.add(3, "top", 1)  # the same key under another parent (a client's bad input)
+    victims = idx.take([(0, 1)], 3, set())  # the walk climbs past "top": it must stop
+    assert victims is not None and len(victims) == 3 and all(v in idx for v in victims)
+    assert "top" not in victims or victims.index("top") > victims.index(3)
+    assert 0 not in victims or victims.index(0) > max(victims.index(k) for k in (1, 2))
