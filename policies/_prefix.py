@@ -26,7 +26,7 @@ class ChildIndex:
         # next one starts there instead of walking down the chain again; stamped with
         # the epoch, which moves whenever a block with cached children leaves (the
         # only change that can cut the path from a root to its hint).
-        self._hints: dict[Hashable, tuple[Hashable, int]] = {}
+        self._hints: dict[Hashable, tuple[Hashable | None, int]] = {}
         self._epoch = 0
 
     def __contains__(self, key: object) -> bool:
@@ -134,14 +134,16 @@ class ChildIndex:
                             stack[-1][2][0] = True
                         continue
                     if key != root:
-                        self._hints[root] = (self._parent[key], self._epoch)
+                        self._hints[root] = (self._parent.get(key), self._epoch)
                     yield key, self._sizes[key]
             if start == root:
                 return
             # start's subtree is done: go on with its parent's other children, then it.
             parent = self._parent.get(start)
-            if parent is None:  # a top block, not root: the hint's block came back under
-                self._hints.pop(root, None)  # another parent (bad input): walk from root
+            if parent is None or parent not in self._sizes:
+                # The path up from the hint is cut: its block came back after its parent
+                # left (or under another parent, bad input). Walk from root instead.
+                self._hints.pop(root, None)
                 start = root
             else:
                 start = parent
@@ -157,7 +159,8 @@ class ChildIndex:
         if hint is None:
             return root
         node, epoch = hint
-        if node not in self._sizes or node in chosen or node in protected or node in kept:
+        if (node is None or node not in self._sizes or node in chosen or node in protected
+                or node in kept):
             return root
         if epoch != self._epoch:  # a block with children left: is the path still there?
             up: Hashable | None = node
