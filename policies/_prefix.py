@@ -164,7 +164,9 @@ class ChildIndex:
             return root
         if epoch != self._epoch:  # a block with children left: is the path still there?
             up: Hashable | None = node
-            while up is not None and up != root:
+            for _ in range(len(self._sizes)):  # bounded: parent links may form a cycle
+                if up is None or up == root:
+                    break
                 up = self._parent.get(up)
             if up != root:
                 del self._hints[root]
