@@ -99,7 +99,8 @@ def _concurrently(threads: int, n: int, fn: Callable[[int, int], float | None],
 
 
 def lmcache_config(backend: str, shape: Shape, pool_gb: float, redis_url: str,
-                   address: str, zero_copy: bool = True) -> dict[str, Any]:
+                   address: str, zero_copy: bool = True, hold_ahead_s: float = 1.0
+                   ) -> dict[str, Any]:
     config: dict[str, Any] = {"chunk_size": shape.chunk, "max_local_cpu_size": pool_gb,
                               "local_cpu": backend == "local_cpu", "remote_serde": "naive"}
     if backend == "redis":
@@ -110,7 +111,8 @@ def lmcache_config(backend: str, shape: Shape, pool_gb: float, redis_url: str,
         config["extra_config"] = {prefix + "module_path": "kvstore.connectors.lmcache",
                                   prefix + "class_name": "KVStoreConnectorAdapter",
                                   prefix + "address": address, prefix + "timeout_s": 30.0,
-                                  prefix + "zero_copy": zero_copy}
+                                  prefix + "zero_copy": zero_copy,
+                                  prefix + "hold_ahead_s": hold_ahead_s}
     return config
 
 
@@ -286,7 +288,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 # the local backend holds a level's data; the others only what is in flight
                 pool = per_level * (1.5 if backend == "local_cpu" else 0.75) / 2**30 + 0.25
                 config = lmcache_config(backend, shape, round(pool, 2), where[backend],
-                                        where[backend], zero_copy=not args.copy)
+                                        where[backend], zero_copy=not args.copy,
+                                        hold_ahead_s=args.hold_ahead_s)
                 results[backend] = run_backend(backend, config, shape, levels, args.requests,
                                                _clearer(backend, where[backend]), rnd)
             out["rounds"].append(results)
@@ -368,6 +371,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--redis-url", default="", help="an existing Redis (default: start one)")
     p.add_argument("--copy", action="store_true",
                    help="the plugin copies every retrieve (zero_copy: false), for comparison")
+    p.add_argument("--hold-ahead-s", type=float, default=1.0,
+                   help="the plugin's hold_ahead_s (0: contains only looks up), for comparison")
     p.add_argument("--json", default="", help="write the results here too")
     args = p.parse_args(argv)
     os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")

@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--copy", action="store_true", help="the plugin copies (zero_copy: false)")
+    p.add_argument("--hold-ahead-s", type=float, default=1.0,
+                   help="the plugin's hold_ahead_s (0: contains only looks up)")
     args = p.parse_args(argv)
 
     import torch
@@ -52,7 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     dims = {"num_layers": shape.layers, "num_kv_heads": shape.kv_heads,
             "head_size": shape.head_size}
     with _server(f"{args.requests * shape.chunk_bytes * shape.chunks // 2**20 + 256}MiB") as addr:
-        config = bench.lmcache_config("kvstore", shape, 1.0, "", addr, zero_copy=not args.copy)
+        config = bench.lmcache_config("kvstore", shape, 1.0, "", addr, zero_copy=not args.copy,
+                                      hold_ahead_s=args.hold_ahead_s)
         writer, _ = make_engine(config, **dims)
         tracker = PutTracker(writer)
         reader, _ = make_engine(config, **dims)

@@ -57,6 +57,12 @@ class PluginConfig:
     #: LMCache frees what it retrieved right after loading it: when its local CPU
     #: cache is off (``local_cpu: false``). Otherwise every get copies.
     zero_copy: bool = True
+    #: With ``zero_copy``: a contains takes the read lease of the prefix it finds in
+    #: the same round trip (``lookup_and_hold``) and keeps those slots this long for
+    #: the get that follows (LMCache's retrieve asks contains, then get): the get
+    #: then makes no round trip. A contains that no get follows holds them this long.
+    #: 0: a contains only looks up.
+    hold_ahead_s: float = 1.0
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None,
@@ -91,6 +97,9 @@ class PluginConfig:
         for name in ("timeout_s", "retry_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if not 0 <= self.hold_ahead_s <= 60:
+            raise ConfigError(f"hold_ahead_s must be between 0 and 60 s, got "
+                              f"{self.hold_ahead_s!r}")
         if self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads!r}")
         if not self.tenant:

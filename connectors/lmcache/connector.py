@@ -4,7 +4,10 @@ kvstore sidecar. Imports LMCache (and so torch); loaded through :mod:`.adapter`.
 What LMCache calls and what it gets:
 
 * ``batched_contains`` / ``batched_async_contains`` / ``exists``: one ``Lookup`` per
-  run of keys of one namespace; the length of the consecutive stored prefix.
+  run of keys of one namespace; the length of the consecutive stored prefix. With
+  ``zero_copy`` (and ``hold_ahead_s`` > 0) the same round trip takes the prefix's
+  read lease, and the get that follows hands those slots over without another
+  (:mod:`.ahead`).
 * ``batched_put`` / ``put``: the chunk bytes as they are (``MemoryObj.byte_array``),
   written into the sidecar's shared memory when co-located, streamed over gRPC
   otherwise. No header: the namespace fingerprints the full chunk's layout and a
@@ -40,6 +43,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from kvstore.connectors.lmcache.ahead import HeldAhead
 from kvstore.connectors.lmcache.config import PluginConfig
 from kvstore.connectors.lmcache.keys import ChunkLayout, KeyMapper
 from kvstore.connectors.lmcache.link import FailOpenLink, prefaulting_factory
@@ -108,6 +112,9 @@ class KVStoreRemoteConnector(RemoteConnector):
         #: Chunks handed to LMCache over a held slot / copied into its own memory.
         self.handed = {"held": 0, "copied": 0}
         self._count_lock = threading.Lock()
+        #: Slots a contains held for the get that follows it.
+        self.ahead = HeldAhead(settings.hold_ahead_s)
+        self._hold_ahead = self.zero_copy and settings.hold_ahead_s > 0
 
     def __repr__(self) -> str:
         return f"<KVStoreRemoteConnector {self.settings.address} tenant={self.settings.tenant}>"
@@ -136,12 +143,22 @@ class KVStoreRemoteConnector(RemoteConnector):
         hit = 0
         for ns, run in self.keys.runs(keys):
             hashes = [self.keys.block_hash(keys[i]) for i in run]
-            n = self.link.call("lookup", lambda c, ns=ns, hashes=hashes: int(
-                c.lookup(ns, hashes, workload=self._workload).num_hit), 0)
+            if self._hold_ahead:
+                n = self.link.call("lookup", lambda c, ns=ns, hashes=hashes:
+                                   self._lookup_and_hold(c, ns, hashes), 0)
+            else:
+                n = self.link.call("lookup", lambda c, ns=ns, hashes=hashes: int(
+                    c.lookup(ns, hashes, workload=self._workload).num_hit), 0)
             hit += n
             if n < len(run):
                 break
         return hit
+
+    def _lookup_and_hold(self, client: Any, ns: str, hashes: list[bytes]) -> int:
+        found, held = client.lookup_and_hold(ns, hashes, workload=self._workload)
+        if held is not None:
+            self.ahead.keep(ns, hashes[:found.num_hit], held)
+        return int(found.num_hit)
 
     def support_batched_contains(self) -> bool:
         return True
@@ -218,6 +235,24 @@ class KVStoreRemoteConnector(RemoteConnector):
     def _copy_run(self, ns: str, run: Sequence[int], hashes: list[bytes], out: list[Any]
                   ) -> None:
         got: dict[int, Any] = {}
+        rest = []
+        for j, ahead in enumerate(self.ahead.take(ns, hashes)):
+            if ahead is None:
+                rest.append(j)
+                continue
+            held, k = ahead
+            view = held.views[k]
+            obj = None if view is None else self._allocate(len(view))
+            if obj is not None:
+                np.copyto(np.frombuffer(obj.byte_array, dtype=np.uint8),
+                          np.frombuffer(view, dtype=np.uint8))
+                out[run[j]] = obj
+            held.let_go(k)
+        if len(rest) < len(run):
+            self._count("copied", sum(1 for j in range(len(run)) if out[run[j]] is not None))
+            if not rest:
+                return
+            run, hashes = [run[j] for j in rest], [hashes[j] for j in rest]
 
         def sink(j: int, payload: bytes | bytearray | memoryview) -> int:
             try:
@@ -248,20 +283,30 @@ class KVStoreRemoteConnector(RemoteConnector):
 
     def _hold_run(self, ns: str, run: Sequence[int], hashes: list[bytes], out: list[Any]
                   ) -> None:
-        """Memory objects over the slots themselves; chunks not in shared memory now
-        (or a client on gRPC) are copied as usual."""
-        held: HeldRead | None = self.link.call(
-            "get", lambda c: c.hold_in_place(ns, hashes), None)
-        if held is None:
-            self._copy_run(ns, run, hashes, out)
-            return
-        for j, view in enumerate(held.views):
-            if view is not None:
-                out[run[j]] = self._over(view, held, j)
+        """Memory objects over the slots themselves: those the contains before held,
+        then one hold of the rest. Chunks not handed over so (not in shared memory
+        now, found in a tier shared between hosts, failed their check, or a client
+        on gRPC) are copied as usual."""
+        rest = []
+        for j, ahead in enumerate(self.ahead.take(ns, hashes)):
+            if ahead is None:
+                rest.append(j)
+            else:
+                held, k = ahead
+                out[run[j]] = self._over(held.views[k], held, k)  # kept only if not None
+        fresh: HeldRead | None = None
+        if rest:
+            fresh = self.link.call(
+                "get", lambda c: c.hold_in_place(ns, [hashes[j] for j in rest]), None)
+        if fresh is not None:
+            for k, j in enumerate(rest):
+                view = fresh.views[k]
+                if view is not None:
+                    out[run[j]] = self._over(view, fresh, k)
         self._count("held", sum(1 for j in range(len(run)) if out[run[j]] is not None))
-        if held.elsewhere:
-            rest = list(held.elsewhere)
-            self._copy_run(ns, [run[j] for j in rest], [hashes[j] for j in rest], out)
+        left = [j for j in range(len(run)) if out[run[j]] is None]
+        if left:
+            self._copy_run(ns, [run[j] for j in left], [hashes[j] for j in left], out)
 
     def _over(self, view: memoryview, held: HeldRead, j: int) -> Any:
         """A memory object whose bytes are ``view`` (held slot ``j``), or None."""
@@ -292,6 +337,13 @@ class KVStoreRemoteConnector(RemoteConnector):
         return True
 
     async def batched_get(self, keys: list[Any]) -> list[Any]:
+        if self._hold_ahead:  # every chunk held by the contains before: nothing to wait on
+            held = self.ahead.take_all([(self.keys.namespace(k), self.keys.block_hash(k))
+                                        for k in keys])
+            if held is not None:
+                out = [self._over(h.views[j], h, j) for h, j in held]
+                self._count("held", sum(1 for o in out if o is not None))
+                return out
         return await self._bounded(lambda: self._get(keys, hold=self.zero_copy),
                                    [None] * len(keys), "get", on_late=_release)
 
@@ -330,4 +382,5 @@ class KVStoreRemoteConnector(RemoteConnector):
             await asyncio.wait_for(ended, self.settings.timeout_s)
         except TimeoutError:
             logger.warning("kvstore plugin closed with transfers still running")
+        self.ahead.close()
         self.link.close()

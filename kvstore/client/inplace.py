@@ -25,6 +25,7 @@ from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 from kvstore.client._common import (
     BlockSpec,
     LeaseRead,
+    LookupResult,
     SegmentCache,
     SlotBuffer,
     SlotCallback,
@@ -66,6 +67,8 @@ class InPlace:
         def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T: ...
 
         def _get_grpc(self, namespace: str, hashes: list[bytes]) -> list[BlockData | None]: ...
+
+        def _release_quietly(self, request: pb.ReleaseRequest) -> None: ...
 
     def put_in_place(self, namespace: str, blocks: Sequence[BlockSpec], fill: SlotCallback,
                      session_id: str | None = None, workload: str | None = None, *,
@@ -230,13 +233,38 @@ class InPlace:
         hashes = [bytes(h) for h in hashes]
         if not self.uses_shared_memory:
             return None
-        resp: pb.AcquireResponse = self._call(self._stub.Acquire, pb.AcquireRequest(
-            namespace=namespace, block_hashes=hashes, lease_seconds=lease_seconds))
+        return self._held(self._call(self._stub.Acquire, pb.AcquireRequest(
+            namespace=namespace, block_hashes=hashes, lease_seconds=lease_seconds)))
+
+    def lookup_and_hold(self, namespace: str, hashes: Sequence[bytes],
+                        session_id: str | None = None, workload: str | None = None, *,
+                        request_id: str | None = None, lease_seconds: float = 0.0
+                        ) -> tuple[LookupResult, HeldRead | None]:
+        """:meth:`lookup`, and the ``num_hit`` leading blocks held as
+        :meth:`hold_in_place` holds them, in one round trip: for a reader that looks
+        up a prefix and reads it at once. The lookup counts for the policy as any
+        other. The held read (None when nothing is held: no hit, or no shared memory)
+        has one entry per leading block; a block the lookup found in a tier shared
+        between hosts is not held (its view is None, outside ``elsewhere``): read it
+        with :meth:`get_each`."""
+        hashes = [bytes(h) for h in hashes]
+        hold = self.uses_shared_memory
+        resp: pb.LookupResponse = self._call(self._stub.Lookup, pb.LookupRequest(
+            namespace=namespace, block_hashes=hashes, session_id=session_id or "",
+            workload=workload or "", request_id=request_id or "", hold=hold,
+            lease_seconds=lease_seconds))
+        found = LookupResult.from_pb(resp)
+        if not (hold and resp.HasField("held")):
+            return found, None
+        return found, self._held(resp.held)
+
+    def _held(self, resp: pb.AcquireResponse) -> HeldRead:
+        """The slots of an Acquire as a :class:`HeldRead`, each checked first."""
         expires_at = time.monotonic() + resp.lease_seconds
-        views: list[memoryview | None] = [None] * len(hashes)
         release = pb.ReleaseRequest(lease_id=resp.lease_id)
         try:
             slots, sizes, overflow = acquired_slots(resp, self._segments)
+            views: list[memoryview | None] = [None] * len(sizes)
             checked = [(i, slot.view()) for i, slot in slots]
             for (i, view), digest in zip(checked, self._checksums([v for _, v in checked]),
                                          strict=True):
@@ -246,22 +274,15 @@ class InPlace:
                     sizes[i] = 0
                     release.corrupt_hashes.append(bytes(resp.headers[i].block_hash))
         except BaseException:
-            with contextlib.suppress(KVStoreError):  # else it ends by the server's clock
-                self._call(self._stub.Release, release)
+            self._release_quietly(release)  # else it ends by the server's clock
             raise
 
         def end() -> None:
-            def send() -> None:
-                try:
-                    self._call(self._stub.Release, release)
-                except Exception as exc:  # expired, server gone, client closed: the lease
-                    # ends by the server's clock; nothing here to undo
-                    log.debug("kvstore: release of held lease %d: %s", release.lease_id, exc)
             if release.corrupt_hashes:  # the server drops the bad copies before a retry
-                send()
+                self._release_quietly(release)
                 return
             try:
-                self._background(send)
+                self._background(lambda: self._release_quietly(release))
             except RuntimeError:  # the client was closed: its calls are over
                 log.debug("kvstore: held lease %d let go after close", release.lease_id)
         return HeldRead(views, sizes, overflow, expires_at, end)
@@ -330,8 +351,9 @@ class InPlace:
             if slots:
                 read([(base + i, slot) for i, slot in slots])
                 if verify:  # what read took is good only if the slot still matches now
-                    for i, slot in slots:
-                        if xxhash.xxh3_64_intdigest(slot.view()) != resp.slots[i].checksum:
+                    digests = self._checksums([slot.view() for _, slot in slots])
+                    for (i, _), digest in zip(slots, digests, strict=True):
+                        if digest != resp.slots[i].checksum:
                             sizes[i] = 0
                             release.corrupt_hashes.append(bytes(resp.headers[i].block_hash))
         except BaseException:

@@ -157,8 +157,12 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         if not repeat:
             self.profile.on_lookup(request.namespace, request.block_hashes,
                                    request.session_id, request.workload)
-        return pb.LookupResponse(num_hit=len(media), media=[MEDIUM_TO_PB[m] for m in media],
+        resp = pb.LookupResponse(num_hit=len(media), media=[MEDIUM_TO_PB[m] for m in media],
                                  store_blocks=store, keep_ms=found.keep_s * 1e3)
+        if request.hold and media and self.plane is not None:
+            resp.held.CopyFrom(await self._acquired(request.namespace, hashes[:len(media)],
+                                                    request.lease_seconds, context))
+        return resp
 
     @_unary
     async def Put(self, request_iterator: AsyncIterator[pb.PutRequest], context: Any
@@ -241,9 +245,13 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     @_unary
     async def Acquire(self, request: pb.AcquireRequest, context: Any) -> pb.AcquireResponse:
-        lease, found = await self._plane().acquire(
-            request.namespace, list(request.block_hashes), request.lease_seconds,
-            owner=_owner(context))
+        return await self._acquired(request.namespace, list(request.block_hashes),
+                                    request.lease_seconds, context)
+
+    async def _acquired(self, namespace: str, hashes: list[bytes], lease_seconds: float,
+                        context: Any) -> pb.AcquireResponse:
+        lease, found = await self._plane().acquire(namespace, hashes, lease_seconds,
+                                                   owner=_owner(context))
         resp = pb.AcquireResponse(lease_id=lease.lease_id,
                                   lease_seconds=lease.deadline - self.engine.clock())
         for item in found:

@@ -10,8 +10,10 @@ stdout (LMCache's own output goes to stderr). Commands::
         -> {"seconds", "chunks", "chunk_hashes", "flushed"}   (waits for the puts)
     {"op": "retrieve", "name": str, "prompt": int, "kv_seed": int, "salt": str}
         -> {"seconds", "hit_tokens", "tokens", "equal"}   (bytes equal to kv_seed's KV)
-    {"op": "link", "name": str} -> the plugin's link stats, zero_copy and chunks handed
-        over held slots / copied
+    {"op": "lookup", "name": str, "prompt": int, "salt": str} -> {"hit_tokens"}
+        (LMCache's own lookup, as its scheduler asks it: contains and no get)
+    {"op": "link", "name": str} -> the plugin's link stats, zero_copy, chunks handed
+        over held slots / copied, and what came of the slots held ahead
     {"op": "close", "name": str}
 
 Prompt ``p`` is ``TOKENS`` tokens drawn from seed ``p``; its KV is drawn from
@@ -92,6 +94,11 @@ def main() -> None:
         return {"seconds": seconds, "hit_tokens": hit, "tokens": TOKENS,
                 "equal": bool(torch.equal(got[:, :, :hit], want[:, :, :hit]))}
 
+    def lookup(cmd: dict[str, Any]) -> dict[str, Any]:
+        eng, _, _ = engines[cmd["name"]]
+        return {"hit_tokens": int(eng.lookup(prompt(cmd["prompt"]),
+                                             **configs(cmd.get("salt", ""))))}
+
     def link(cmd: dict[str, Any]) -> dict[str, Any]:
         eng, _, _ = engines[cmd["name"]]
         backend = eng.storage_manager.storage_backends["RemoteBackend-kvstore"]
@@ -101,14 +108,16 @@ def main() -> None:
         return {"up": plugin.link.is_up, "calls": st.calls, "failures": st.failures,
                 "skipped": st.skipped, "reconnects": st.reconnects, "refused": st.refused,
                 "shared_memory": None if client is None else client.uses_shared_memory,
-                "zero_copy": plugin.zero_copy, "handed": dict(plugin.handed)}
+                "zero_copy": plugin.zero_copy, "handed": dict(plugin.handed),
+                "ahead": dict(plugin.ahead.counts), "ahead_now": len(plugin.ahead)}
 
     def close(cmd: dict[str, Any]) -> dict[str, Any]:
         eng, _, _ = engines.pop(cmd["name"])
         destroy_engine(eng)
         return {}
 
-    ops = {"engine": engine, "store": store, "retrieve": retrieve, "link": link, "close": close}
+    ops = {"engine": engine, "store": store, "retrieve": retrieve, "lookup": lookup,
+           "link": link, "close": close}
     for line in sys.stdin:
         cmd = json.loads(line)
         try:

@@ -69,8 +69,36 @@ def test_a_fresh_engine_retrieves_every_chunk_with_identical_bytes(server: Any,
     # No local cache: LMCache loaded the sidecar's slots themselves, no copy, and
     # freeing them ended the read lease.
     assert link["zero_copy"] is True and link["handed"] == {"held": CHUNKS, "copied": 0}
+    # The contains took the read lease in its own round trip; the get used those slots.
+    assert link["ahead"] == {"taken": CHUNKS, "unused": 0} and link["ahead_now"] == 0
     assert _leases_end(server)
     assert _retrieve(driver, "b", prompt=2, kv_seed=11)["hit_tokens"] == 0  # never stored
+
+
+def test_slots_held_by_a_lookup_that_no_get_follows_are_let_go(server: Any,
+                                                                 driver: Driver) -> None:
+    """LMCache's scheduler-side lookup asks contains and nothing more: the slots it
+    held ahead go back after hold_ahead_s; hold_ahead_s 0 holds nothing ahead and
+    still hands the get the slots themselves."""
+    _engine(driver, "a", server.address)
+    _store(driver, "a", prompt=5, kv_seed=55)
+    _engine(driver, "b", server.address, settings={"hold_ahead_s": 0.3})
+    assert driver.call("lookup", name="b", prompt=5)["hit_tokens"] == TOKENS
+    link = driver.call("link", name="b")
+    assert link["ahead_now"] == CHUNKS and len(server.engine.leases) == 1
+    assert _leases_end(server)
+    assert driver.call("link", name="b")["ahead"] == {"taken": 0, "unused": CHUNKS}
+    # A retrieve after that holds again and hands over the new slots.
+    assert _retrieve(driver, "b", prompt=5, kv_seed=55)["hit_tokens"] == TOKENS
+    link = driver.call("link", name="b")
+    assert link["ahead"] == {"taken": CHUNKS, "unused": CHUNKS}
+    assert link["handed"] == {"held": CHUNKS, "copied": 0}
+    _engine(driver, "c", server.address, settings={"hold_ahead_s": 0})
+    assert _retrieve(driver, "c", prompt=5, kv_seed=55)["hit_tokens"] == TOKENS
+    link = driver.call("link", name="c")
+    assert link["ahead"] == {"taken": 0, "unused": 0}
+    assert link["handed"] == {"held": CHUNKS, "copied": 0}
+    assert _leases_end(server)
 
 
 def _leases_end(srv: Any) -> bool:

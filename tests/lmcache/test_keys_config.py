@@ -86,6 +86,7 @@ def test_settings_come_from_the_plugins_prefix() -> None:
         "remote_storage_plugin.kvstore.threads": 4,
         "remote_storage_plugin.kvstore.prefault": "false",
         "remote_storage_plugin.kvstore.zero_copy": False,
+        "remote_storage_plugin.kvstore.hold_ahead_s": "0",
         "remote_storage_plugin.kvstore.primary.tenant": "acme",
         "remote_storage_plugin.fs.base_path": "/elsewhere",  # another plugin's: ignored
         "save_chunk_meta": True,
@@ -95,6 +96,7 @@ def test_settings_come_from_the_plugins_prefix() -> None:
                                                                      "default")
     assert cfg.prefault is False and PluginConfig().prefault is True
     assert cfg.zero_copy is False and PluginConfig().zero_copy is True
+    assert cfg.hold_ahead_s == 0.0 and PluginConfig().hold_ahead_s == 1.0
     primary = PluginConfig.from_extra_config(extra, "kvstore.primary")  # instance over type
     assert (primary.address, primary.tenant) == ("10.0.0.5:6000", "acme")
     assert PluginConfig.from_extra_config(None) == PluginConfig()
@@ -109,6 +111,8 @@ def test_settings_come_from_the_plugins_prefix() -> None:
     ("threads", 0, "threads must be >= 1"),
     ("prefault", "maybe", "must be bool"),
     ("zero_copy", 2, "must be bool"),
+    ("hold_ahead_s", -1, "hold_ahead_s must be between 0 and 60 s"),
+    ("hold_ahead_s", 600, "hold_ahead_s must be between 0 and 60 s"),
     ("tenant", "", "tenant must be a non-empty string"),
     ("workload", "gaming", "unknown workload 'gaming'"),
 ])

@@ -100,3 +100,51 @@ def test_views_outlive_a_stopped_server_and_a_closed_client(server_factory: Any)
     c.close()
     assert bytes(held.views[1]) == blocks[1].payload
     held.let_go(1)  # the Release goes nowhere, quietly
+
+
+def test_lookup_and_hold_is_a_lookup_and_a_hold_in_one_round_trip(server: Any) -> None:
+    """The policy sees a lookup like any other; the hit prefix comes back held, the
+    blocks past it are not leased."""
+    blocks = make_chain(4, 40_000, seed=26)
+    hashes = [b.block_hash for b in blocks]
+    with KVStoreClient(server.address, shared_memory=True) as c:
+        c.put("h", blocks[:3])  # the fourth is not stored: num_hit 3
+        before = c.stats()
+        found, held = c.lookup_and_hold("h", hashes, workload="chat")
+        after = c.stats()
+        assert found.num_hit == 3 and len(found.media) == 3
+        assert after.lookups == before.lookups + 1
+        assert after.lookup_hit_blocks == before.lookup_hit_blocks + 3
+        assert held is not None and held.held == 3 and len(held.views) == 3
+        assert [bytes(v) for v in held.views] == [b.payload for b in blocks[:3]]
+        assert held.elsewhere == [] and held.sizes == [40_000] * 3
+        lease = next(iter(server.engine.leases._leases.values()))
+        assert {k.block_hash for k in lease.keys} == set(hashes[:3])
+        held.let_go_all()
+        assert _leases_gone(server)
+        # A miss holds nothing and takes no lease.
+        found, held = c.lookup_and_hold("h", [b"\x09" * 32])
+        assert found.num_hit == 0 and held is None
+        assert len(server.engine.leases) == 0
+
+
+def test_lookup_and_hold_reports_a_corrupt_slot_and_over_grpc_holds_nothing(
+        server: Any) -> None:
+    blocks = make_chain(2, 64 * 1024, seed=27)
+    hashes = [b.block_hash for b in blocks]
+    with KVStoreClient(server.address, shared_memory=True) as c:
+        c.put("h", blocks)
+        server.drain()
+        dram = server.engine.tiers["dram"].unwrap()
+        dram.view(dram.locate(BlockKey("h", hashes[0])))[3] ^= 0xFF  # a rogue writer
+        found, held = c.lookup_and_hold("h", hashes)
+        assert found.num_hit == 2 and held is not None
+        assert held.views[0] is None and held.sizes[0] == 0
+        assert bytes(held.views[1]) == blocks[1].payload
+        held.let_go(1)
+        assert _leases_gone(server) and c.stats().corrupt_reads >= 1
+        assert [g.payload for g in c.get("h", hashes)] == [b.payload for b in blocks]
+    with KVStoreClient(server.address, shared_memory=False) as c:
+        found, held = c.lookup_and_hold("h", hashes)
+        assert found.num_hit == 2 and held is None
+        assert len(server.engine.leases) == 0

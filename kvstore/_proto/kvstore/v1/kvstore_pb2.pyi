@@ -63,7 +63,7 @@ class SlotDescriptor(_message.Message):
     def __init__(self, segment: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., block_hash: _Optional[bytes] = ..., checksum: _Optional[int] = ..., slot_id: _Optional[int] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("namespace", "block_hashes", "session_id", "workload", "request_id", "num_tokens", "then", "tool", "expected_gap_ms")
+    __slots__ = ("namespace", "block_hashes", "session_id", "workload", "request_id", "num_tokens", "then", "tool", "expected_gap_ms", "hold", "lease_seconds")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,8 @@ class LookupRequest(_message.Message):
     THEN_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_GAP_MS_FIELD_NUMBER: _ClassVar[int]
+    HOLD_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
     session_id: str
@@ -82,19 +84,23 @@ class LookupRequest(_message.Message):
     then: str
     tool: str
     expected_gap_ms: float
-    def __init__(self, namespace: _Optional[str] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ..., request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., then: _Optional[str] = ..., tool: _Optional[str] = ..., expected_gap_ms: _Optional[float] = ...) -> None: ...
+    hold: bool
+    lease_seconds: float
+    def __init__(self, namespace: _Optional[str] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ..., request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., then: _Optional[str] = ..., tool: _Optional[str] = ..., expected_gap_ms: _Optional[float] = ..., hold: bool = ..., lease_seconds: _Optional[float] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ("num_hit", "media", "store_blocks", "keep_ms")
+    __slots__ = ("num_hit", "media", "store_blocks", "keep_ms", "held")
     NUM_HIT_FIELD_NUMBER: _ClassVar[int]
     MEDIA_FIELD_NUMBER: _ClassVar[int]
     STORE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     KEEP_MS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     num_hit: int
     media: _containers.RepeatedScalarFieldContainer[Medium]
     store_blocks: int
     keep_ms: float
-    def __init__(self, num_hit: _Optional[int] = ..., media: _Optional[_Iterable[_Union[Medium, str]]] = ..., store_blocks: _Optional[int] = ..., keep_ms: _Optional[float] = ...) -> None: ...
+    held: AcquireResponse
+    def __init__(self, num_hit: _Optional[int] = ..., media: _Optional[_Iterable[_Union[Medium, str]]] = ..., store_blocks: _Optional[int] = ..., keep_ms: _Optional[float] = ..., held: _Optional[_Union[AcquireResponse, _Mapping]] = ...) -> None: ...
 
 class PutRequest(_message.Message):
     __slots__ = ("namespace", "blocks", "session_id", "workload", "request_id")
