@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+
+from kvstore.connectors.lmcache.ahead import HeldAhead
 
 from kvstore.client import HeldRead
-from kvstore.connectors.lmcache.ahead import HeldAhead
 
 
 def _held(n: int, ended: list[int], tag: int = 0, expires_in: float = 30.0) -> HeldRead:
@@ -14,11 +16,11 @@ def _held(n: int, ended: list[int], tag: int = 0, expires_in: float = 30.0) -> H
                     lambda: ended.append(tag))
 
 
-def _wait(cond: object, within: float = 2.0) -> bool:
+def _wait(cond: Callable[[], bool], within: float = 2.0) -> bool:
     deadline = time.monotonic() + within
-    while time.monotonic() < deadline and not cond():  # type: ignore[operator]
+    while time.monotonic() < deadline and not cond():
         time.sleep(0.01)
-    return bool(cond())  # type: ignore[operator]
+    return cond()
 
 
 def test_a_get_takes_what_the_contains_held_and_the_lease_ends_with_it() -> None:
@@ -33,7 +35,7 @@ def test_a_get_takes_what_the_contains_held_and_the_lease_ends_with_it() -> None
     # take_all: all or nothing.
     assert ahead.take_all([("ns", b"c"), ("ns", b"zz")]) is None and len(ahead) == 1
     assert ahead.take_all([("ns", b"c")]) == [(held, 2)] and len(ahead) == 0
-    for _, j in (got[0], got[2], (held, 2)):  # type: ignore[misc]
+    for j in (0, 1, 2):
         held.let_go(j)
     assert ended == [0] and ahead.counts == {"taken": 3, "unused": 0}
 
