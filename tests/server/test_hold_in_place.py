@@ -9,8 +9,8 @@ import time
 from typing import Any
 
 from kvstore import KVStoreClient
-from kvstore.types import BlockKey
 from tests.blocks import make_chain
+from tests.server.rogue import corrupt_in_dram
 
 
 def _leases_gone(srv: Any, within: float = 5.0) -> bool:
@@ -49,8 +49,7 @@ def test_a_corrupt_slot_is_not_handed_out_and_is_reported(server: Any) -> None:
     with KVStoreClient(server.address, shared_memory=True) as c:
         c.put("h", blocks)
         server.drain()
-        dram = server.engine.tiers["dram"].unwrap()
-        dram.view(dram.locate(BlockKey("h", hashes[1])))[7] ^= 0xFF  # a rogue writer
+        corrupt_in_dram(server, "h", hashes[1], at=7)
         held = c.hold_in_place("h", hashes)
         assert held is not None
         assert bytes(held.views[0]) == blocks[0].payload
@@ -135,8 +134,7 @@ def test_lookup_and_hold_reports_a_corrupt_slot_and_over_grpc_holds_nothing(
     with KVStoreClient(server.address, shared_memory=True) as c:
         c.put("h", blocks)
         server.drain()
-        dram = server.engine.tiers["dram"].unwrap()
-        dram.view(dram.locate(BlockKey("h", hashes[0])))[3] ^= 0xFF  # a rogue writer
+        corrupt_in_dram(server, "h", hashes[0], at=3)
         found, held = c.lookup_and_hold("h", hashes)
         assert found.num_hit == 2 and held is not None
         assert held.views[0] is None and held.sizes[0] == 0

@@ -14,8 +14,8 @@ from kvstore import KVStoreClient
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 from kvstore.events import wire
-from kvstore.types import BlockKey
 from tests.blocks import make_chain
+from tests.server.rogue import corrupt_in_dram
 from tests.server.test_ingest import _events
 
 MiB = 2**20
@@ -91,9 +91,7 @@ def test_a_corrupt_slot_is_a_miss_reported_and_dropped(server):
     with KVStoreClient(server.address, shared_memory=True) as c:
         c.put("m", blocks)
         server.drain()
-        dram = server.engine.tiers["dram"].unwrap()
-        # A rogue writer overwrites a stored block through the mapping.
-        dram.view(dram.locate(BlockKey("m", hashes[1])))[100] ^= 0xFF
+        corrupt_in_dram(server, "m", hashes[1], at=100)
         got = c.get("m", hashes)
         assert got[0] is not None and got[0].payload == blocks[0].payload
         assert got[1] is None or got[1].payload == blocks[1].payload  # never wrong bytes
