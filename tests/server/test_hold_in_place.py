@@ -8,7 +8,11 @@ import logging
 import time
 from typing import Any
 
+import grpc
+
 from kvstore import KVStoreClient
+from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
+from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 from tests.blocks import make_chain
 from tests.server.rogue import corrupt_in_dram
 
@@ -146,3 +150,16 @@ def test_lookup_and_hold_reports_a_corrupt_slot_and_over_grpc_holds_nothing(
         found, held = c.lookup_and_hold("h", hashes)
         assert found.num_hit == 2 and held is None
         assert len(server.engine.leases) == 0
+
+
+def test_a_hold_asked_of_a_server_without_shared_memory_is_a_plain_lookup(
+        server_factory: Any) -> None:
+    srv = server_factory(dram={"enabled": False})
+    blocks = make_chain(2, 1000, seed=28)
+    with KVStoreClient(srv.address) as c:
+        c.put("h", blocks)
+    with grpc.insecure_channel(srv.address) as channel:
+        resp = pb_grpc.KVStoreStub(channel).Lookup(pb.LookupRequest(
+            namespace="h", block_hashes=[b.block_hash for b in blocks], hold=True))
+    assert resp.num_hit == 2 and not resp.HasField("held")
+    assert len(srv.engine.leases) == 0
