@@ -14,9 +14,10 @@ namespace) and rights:
   namespace, so it carries every namespace's block hashes: give it to routers.
 
 ``shared_memory = false`` keeps a tenant off the shared-memory plane (Segments,
-Reserve, Commit, Abort, Acquire, Release): the plane is one segment per tier, and a
-process that maps it can read every slot in it, whoever stored them. Tenants that
-share a host with others they do not trust use gRPC streaming only.
+Reserve, Commit, Abort, Acquire, Release, and a Lookup that holds what it finds): the
+plane is one segment per tier, and a process that maps it can read every slot in it,
+whoever stored them. Tenants that share a host with others they do not trust use gRPC
+streaming only.
 
 Pure: no I/O besides reading the token environment variables a table names.
 """

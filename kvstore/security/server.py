@@ -116,7 +116,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         right = rule.right
         if method == "Delete" and not request.block_hashes:
             right = "admin"  # a whole namespace
-        if rule.shm and not tenant.shared_memory:
+        # A Lookup that holds what it finds hands out slots: a shared-memory call.
+        shm = rule.shm or (method == "Lookup" and bool(getattr(request, "hold", False)))
+        if shm and not tenant.shared_memory:
             raise PermissionDenied(
                 f"tenant {tenant.name!r} may not use the shared-memory plane "
                 "(shared_memory = false); use gRPC Put/Get")

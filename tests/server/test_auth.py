@@ -279,6 +279,15 @@ def test_tenant_without_shared_memory_uses_grpc(authed: Any, stub: Any) -> None:
         assert c.put("c/m", blocks) == 3
         assert [b.payload if b else None for b in c.get("c/m", [b.block_hash for b in blocks])] \
             == [b.payload for b in blocks]
+    # A lookup may not hand it slots either (a hold), only the plain answer.
+    hashes = [b.block_hash for b in blocks]
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Lookup(pb.LookupRequest(namespace="c/m", block_hashes=hashes, hold=True),
+                    metadata=metadata("noshm"))
+    assert code_of(info.value) == grpc.StatusCode.PERMISSION_DENIED
+    assert "shared-memory plane" in (info.value.details() or "")
+    assert stub.Lookup(pb.LookupRequest(namespace="c/m", block_hashes=hashes),
+                       metadata=metadata("noshm")).num_hit == 3
 
 
 # -- exposure and config ----------------------------------------------------------------
