@@ -119,3 +119,18 @@ def test_settings_come_from_the_plugins_prefix() -> None:
 def test_bad_settings_are_refused_by_name(key: str, value: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         PluginConfig.from_extra_config({f"remote_storage_plugin.kvstore.{key}": value})
+
+
+def test_the_readme_lists_every_setting_with_its_default() -> None:
+    """The README's settings table is what users copy from: it must match the code."""
+    import re
+    from dataclasses import fields as dc_fields
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("| setting (`remote_storage_plugin.kvstore.*`) | default | meaning |")[1]
+    rows = dict(re.findall(r"^\| `(\w+)` \| `([^`]*)` \|", table.split("\n\n")[0], re.M))
+    defaults = PluginConfig()
+    want = {f.name: str(getattr(defaults, f.name)) for f in dc_fields(PluginConfig)}
+    want = {k: v.lower() if v in ("True", "False") else v for k, v in want.items()}
+    assert rows == want
