@@ -185,6 +185,7 @@ def test_sidecar_down_or_frozen_is_a_prompt_miss_and_hits_resume(server_process:
     out = _retrieve(driver, "reader", 1, kv_seed=11)
     assert out["hit_tokens"] == 0 and out["seconds"] < timeout_s + 2
     stored = _store(driver, "writer", prompt=2, kv_seed=12)
+    writer_failed = time.monotonic()  # its link answers without asking for retry_interval_s
     assert stored["seconds"] < timeout_s + 2
     assert _retrieve(driver, "writer", 2, kv_seed=12)["hit_tokens"] == TOKENS  # local CPU
     assert driver.call("link", name="reader")["up"] is False
@@ -192,7 +193,13 @@ def test_sidecar_down_or_frozen_is_a_prompt_miss_and_hits_resume(server_process:
     # Back (same address, same data dir): hits resume, old chunks (from disk) and new.
     sidecar.start()
     assert _retrieve_until_hit(driver, "reader", 1, kv_seed=11)["hit_tokens"] == TOKENS
+    # The writer's link failed after the reader's: its puts are skipped until its own
+    # retry_interval_s has passed (a store before that is a miss by design).
+    time.sleep(max(0.0, writer_failed + args["retry_interval_s"] + 0.2 - time.monotonic()))
     _store(driver, "writer", prompt=3, kv_seed=13)
+    with KVStoreClient(sidecar.address, shared_memory=False) as c:
+        held = c.stats().blocks
+    assert held == 2 * CHUNKS, f"the sidecar holds {held} blocks: prompts 1 and 3 should be there"
     assert _retrieve(driver, "reader", 3, kv_seed=13)["hit_tokens"] == TOKENS
     link = driver.call("link", name="reader")
     assert link["up"] is True and link["reconnects"] >= 1
