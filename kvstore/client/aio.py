@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from kvstore._host import host_id
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 from kvstore.client._common import (
@@ -28,6 +27,7 @@ from kvstore.client._common import (
     tags,
     translate,
 )
+from kvstore.client.probe import probe_failed, use_segments
 from kvstore.errors import InvalidArgument, KVStoreError, TierFull
 from kvstore.security.client import ClientSecurity
 from kvstore.types import BlockData
@@ -87,18 +87,9 @@ class AsyncKVStoreClient:
             return False
         try:
             resp = await self._call(self._stub.Segments, pb.SegmentsRequest())
-            ok = resp.host_id == host_id() and bool(resp.segments)
-            if ok:
-                for s in resp.segments:
-                    self._segments.buf(s.name)
         except (KVStoreError, OSError) as exc:
-            if self._want_shm:
-                raise
-            log.info("shared memory unavailable, using gRPC streaming: %s", exc)
-            return False
-        if self._want_shm and not ok:
-            raise KVStoreError(f"server at {self.address} is not on this host: no shared memory")
-        return ok
+            return probe_failed(self.address, exc, self._want_shm)
+        return use_segments(self.address, resp, self._segments, self._want_shm)
 
     async def put(self, namespace: str, blocks: Sequence[BlockData],
                   session_id: str | None = None, workload: str | None = None, *,

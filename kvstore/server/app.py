@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +39,15 @@ def build_tiers(cfg: Config) -> list[Tier]:
     tiers: list[Tier] = []
     if cfg.dram.enabled:
         from kvstore.tiers.dram import DramTier
+        from kvstore.tiers.shmowner import reap_stale_segments
 
+        # Dead servers' segments: this data_dir's predecessor's (DramTier, whatever its
+        # pid) and any whose owner no longer holds its flock (here).
         reap_stale_segments(cfg.dram.segment_prefix)
         tiers.append(DramTier(cfg.dram.capacity, name="dram",
-                              segment_prefix=cfg.dram.segment_prefix))
+                              segment_prefix=cfg.dram.segment_prefix,
+                              owner_dir=Path(cfg.data_dir), mode=cfg.dram.mode,
+                              gid=cfg.dram.gid()))
     if cfg.disk.enabled:
         from kvstore.tiers.disk import DiskTier
 
@@ -55,37 +59,6 @@ def build_tiers(cfg: Config) -> list[Tier]:
 
         tiers.append(RedisTier(cfg.redis, name="redis"))
     return tiers
-
-
-def reap_stale_segments(prefix: str, shm_dir: str = "/dev/shm") -> list[str]:
-    """Unlink segments ``<prefix>_<pid>_...`` left by a server that died (kill -9).
-
-    A live owner's segments are never touched (its pid still exists)."""
-    reaped: list[str] = []
-    try:
-        names = os.listdir(shm_dir)
-    except OSError:
-        return reaped
-    for name in names:
-        head, sep, rest = name.partition("_")
-        pid = rest.split("_", 1)[0]
-        if head != prefix or not sep or not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue  # owner alive
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        try:
-            os.unlink(os.path.join(shm_dir, name))
-            reaped.append(name)
-        except OSError:
-            pass
-    if reaped:
-        log.info("removed %d shared-memory segments of dead servers: %s", len(reaped), reaped)
-    return reaped
 
 
 def _events_config(cfg: Config) -> Any:

@@ -16,12 +16,19 @@ range, which :meth:`can_fit` checks.
 until the block is deleted or replaced, so the engine copies it or holds a
 lease that keeps the block from being deleted. Work runs on the caller's
 thread: a 1 MiB put is one memcpy (tens of microseconds).
+
+``owner_dir`` (the server's data directory) keeps a dead server's segment from
+leaking: its name is recorded there under an flock before it is created, and the
+next tier on that directory unlinks it, whatever pid either had
+(:mod:`kvstore.tiers.shmowner`). ``mode`` / ``gid`` let a client of another user
+in the segment's group map it (:func:`kvstore.tiers.shm.create_segment`).
 """
 
 from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from pathlib import Path
 
 from kvstore.errors import (
     BadDescriptor,
@@ -33,6 +40,7 @@ from kvstore.errors import (
 from kvstore.tiers._common import as_bytes_view, check_put, check_size, tier_full
 from kvstore.tiers.base import Slot, Tier
 from kvstore.tiers.shm import create_segment, destroy_segment, segment_name
+from kvstore.tiers.shmowner import SegmentOwner
 from kvstore.tiers.tlsf import Allocation, TlsfAllocator
 from kvstore.types import BlockKey, BlockMeta, Medium
 
@@ -77,13 +85,16 @@ class DramTier(Tier):
         *,
         pool_bytes: int | None = None,
         prefault: bool = True,
+        owner_dir: Path | None = None,
+        mode: int = 0o600,
+        gid: int | None = None,
     ):
         if capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
         if not segment_prefix or not segment_prefix.replace("-", "").isalnum():
             raise ValueError(
                 f"segment_prefix must be letters, digits or '-', got {segment_prefix!r} "
-                "(segments are named <prefix>_<pid>_<random>_<n>)"
+                "(segments are named <prefix>_<random>_<n>)"
             )
         self.name = name
         self._capacity = capacity_bytes
@@ -91,7 +102,18 @@ class DramTier(Tier):
             pool_bytes = default_pool_bytes(capacity_bytes)
         self._alloc = TlsfAllocator(pool_bytes)
         pool_bytes = self._alloc.pool_bytes
-        self._shm = create_segment(segment_name(segment_prefix, 0), pool_bytes, prefault=prefault)
+        seg = segment_name(segment_prefix, 0)
+        self._owner: SegmentOwner | None = None
+        if owner_dir is not None:
+            self._owner = SegmentOwner.claim(owner_dir, name)
+            self._owner.reclaim()
+            self._owner.record([seg])  # before it exists: a crash from here on is reclaimed
+        try:
+            self._shm = create_segment(seg, pool_bytes, prefault=prefault, mode=mode, gid=gid)
+        except BaseException:
+            if self._owner is not None:
+                self._owner.close()
+            raise
         self._segment = self._shm.name
         self._buf: memoryview | None = self._shm.buf
         self._used = 0
@@ -159,6 +181,8 @@ class DramTier(Tier):
         self._used = 0
         self._buf = None
         destroy_segment(self._shm)
+        if self._owner is not None:
+            self._owner.close()
 
     # ---- SlotTier -----------------------------------------------------------------
     def segments(self) -> list[tuple[str, int]]:
