@@ -95,3 +95,25 @@ def test_bad_quotas_name_the_field(quotas, message):
         load_config(env={}, overrides={"quotas": [{"namespace_prefix": "a/", "dram": 1}] * 2})
     with pytest.raises(ConfigError, match=re.escape("quotas: expected an array of tables")):
         load_config(env={}, overrides={"quotas": {"namespace_prefix": "a/"}})
+
+
+def test_dram_segment_mode_and_group():
+    cfg = load_config(env={})
+    assert (cfg.dram.mode, cfg.dram.gid()) == (0o600, None)  # the server's user only
+    shared = load_config(env={"KVSTORE_DRAM__SEGMENT_MODE": "0660",
+                              "KVSTORE_DRAM__SEGMENT_GROUP": "10000"})
+    assert (shared.dram.mode, shared.dram.gid()) == (0o660, 10000)
+    assert load_config(env={}, overrides={"dram": {"segment_mode": "0660",
+                                                   "segment_group": "root"}}).dram.gid() == 0
+
+
+@pytest.mark.parametrize(("dram", "message"), [
+    ({"segment_mode": "0666"}, "dram.segment_mode: expected one of '0600', '0660'"),
+    ({"segment_mode": 0o660}, "dram.segment_mode: expected one of .* got '432'"),
+    ({"segment_group": "10000"}, "dram.segment_group: '10000' cannot map a 0600 segment"),
+    ({"segment_mode": "0660", "segment_group": "no-such-group-here"},
+     "dram.segment_group: no group 'no-such-group-here'"),
+])
+def test_bad_dram_segment_settings_name_the_field(dram, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(env={}, overrides={"dram": dram})

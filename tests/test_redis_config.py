@@ -53,3 +53,23 @@ def test_toml_and_env(tmp_path):
 def test_bad_values_name_the_field(redis, message):
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("/", r"\/")):
         load_config(env={}, overrides={"redis": redis})
+
+
+@pytest.mark.parametrize("source", ["toml", "env"])
+@pytest.mark.parametrize("where", ["url", "cluster_nodes"])
+def test_an_address_without_enabled_is_refused_naming_redis_enabled(tmp_path, source, where):
+    # Refused, never run without the tier it names, and never enabled on its own (the
+    # default cannot be told from an explicit "enabled = false"): README, Configuration.
+    value = {"url": '"redis://cache:6379/0"', "cluster_nodes": '["10.0.0.1:7000"]'}[where]
+    f = tmp_path / "kv.toml"
+    if source == "toml":
+        f.write_text(f"[redis]\n{where} = {value}\n")
+        env = {}
+    else:
+        f.write_text("")
+        env = {f"KVSTORE_REDIS__{where.upper()}": value.strip('"[]').replace('"', "")}
+    with pytest.raises(ConfigError, match=rf"^redis\.enabled: redis\.{where} is set but "
+                                          r"redis\.enabled is false"):
+        load_config(f, env=env)
+    explicit_off = load_config(env={}, overrides={"redis": {"enabled": False}})
+    assert not explicit_off.redis.enabled  # off with no address: still fine
