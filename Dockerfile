@@ -8,8 +8,12 @@ COPY proto ./proto
 COPY kvstore ./kvstore
 COPY policies ./policies
 COPY connectors ./connectors
-RUN pip install . && useradd --system --uid 10001 kvstore && mkdir -p /data \
-    && chown kvstore /data
+# Group kvcache (gid 10000) is the primary group of this image's user and of the vLLM
+# image's (deploy/docker/vllm-cpu.Dockerfile): with dram.segment_mode = "0660" the
+# connector next to the sidecar maps its shared memory (README, "Shared memory").
+RUN pip install . && groupadd --system --gid 10000 kvcache \
+    && useradd --system --uid 10001 --gid kvcache kvstore && mkdir -p /data \
+    && chown kvstore:kvcache /data
 USER kvstore
 VOLUME ["/data"]
 # gRPC, Prometheus /metrics, KV events (ZMQ PUB), event replay (ZMQ ROUTER)

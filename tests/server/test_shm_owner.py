@@ -141,7 +141,7 @@ def test_a_sidecar_restarted_as_pid_1_after_kill9_reclaims_its_segment(
 def test_a_live_servers_segment_is_never_reaped(
         tmp_path: Path, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shmowner, "CREATION_GRACE_S", 0.0)  # judge by the flock alone
-    dead = f"{prefix}_{os.getpid()}_0badf00d_0"
+    dead = f"{prefix}_0badf00d0badf00d_0"
     forge_segment(dead)
     a = ServerThread(test_config(tmp_path / "a", dram={"segment_prefix": prefix,
                                                        "capacity": "4MiB"}))
@@ -184,3 +184,23 @@ def test_two_servers_on_one_data_dir_are_refused(tmp_path: Path, prefix: str) ->
         asyncio.run(first.close())
     second = SegmentOwner.claim(tmp_path)  # released at close
     second.close()
+
+
+def test_an_older_versions_segment_goes_only_when_its_pid_is_gone(
+        prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Older versions named segments <prefix>_<pid>_<8 hex>_<n> and took no flock: a live
+    # one of those (a server of that version on this host) must stay.
+    monkeypatch.setattr(shmowner, "CREATION_GRACE_S", 0.0)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = f"{prefix}_{sleeper.pid}_0a1b2c3d_0"
+        forge_segment(live)
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait(10)
+        dead = f"{prefix}_{gone.pid}_4e5f6a7b_0"
+        forge_segment(dead)
+        assert reap_stale_segments(prefix) == [dead]
+        assert segments(prefix) == {live}
+    finally:
+        sleeper.kill()
+        sleeper.wait(10)
