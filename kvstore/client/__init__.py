@@ -1,6 +1,8 @@
 """Clients of the kvstore sidecar: :class:`KVStoreClient` (blocking) and
 :class:`AsyncKVStoreClient` (asyncio). Both pick the shared-memory data plane
-when the server is on this host and fall back to gRPC streaming otherwise.
+when the server is on this host and fall back to gRPC streaming otherwise (one
+on the server's host that cannot map its segments says why at WARNING and counts
+it: :mod:`kvstore.client.probe`).
 Credentials (bearer token, TLS): :class:`ClientSecurity`, by default from the
 environment (``KVSTORE_TOKEN``, ``KVSTORE_TLS_CA``, ...)."""
 

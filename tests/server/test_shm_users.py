@@ -26,11 +26,11 @@ OTHER_GID = 10003
 #: interpreter may live where only root reads), puts and reads back one block, and
 #: reports the path taken, the fallback counter and the warnings logged.
 CLIENT = textwrap.dedent("""
-    import json, logging, os, sys
+    import asyncio, json, logging, os, sys
     from multiprocessing import resource_tracker
     from prometheus_client import REGISTRY
     import kvstore.client._common, kvstore.tiers.shm
-    from kvstore.client import KVStoreClient
+    from kvstore.client import AsyncKVStoreClient, KVStoreClient
     from kvstore.types import BlockData
 
     resource_tracker.ensure_running()  # attaching registers the segment with it
@@ -49,10 +49,16 @@ CLIENT = textwrap.dedent("""
                           payload=b"kv" * 4096)
         c.put("ns", [block])
         [got] = c.get("ns", [block.block_hash])
+
+    async def aio():
+        async with AsyncKVStoreClient(sys.argv[1]) as a:
+            return await a.uses_shared_memory()
+    aio_shm = asyncio.run(aio())
     counts = {s.labels["reason"]: s.value for m in REGISTRY.collect()
               if m.name == "kvstore_client_fallbacks" for s in m.samples
               if s.name.endswith("_total") and s.value}
-    print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "shm": shm, "fallbacks": counts,
+    print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "shm": shm, "aio_shm": aio_shm,
+                      "fallbacks": counts,
                       "same": got is not None and bytes(got.payload) == block.payload,
                       "warnings": [m for lvl, m in records if lvl == "WARNING"]}))
 """)
@@ -87,7 +93,7 @@ def test_a_client_of_the_segments_group_maps_it(tmp_path: Path) -> None:
         st = (SHM / name).stat()
         assert (st.st_mode & 0o777, st.st_gid) == (0o660, SHARED_GID)
         got = run_client(srv.address, SHARED_GID)
-        assert got["shm"] is True
+        assert got["shm"] is True and got["aio_shm"] is True
         assert got["fallbacks"] == {} and got["warnings"] == []
     finally:
         srv.stop()
@@ -105,7 +111,9 @@ def test_a_client_the_segment_refuses_falls_back_with_a_warning_and_a_count(
     finally:
         srv.stop()
     assert got["shm"] is False  # and the put / get above went over gRPC
-    assert got["fallbacks"] == {"permission": 1.0}
-    [warning] = got["warnings"]
-    assert "using gRPC" in warning and "(permission)" in warning
-    assert f"uid {CLIENT_UID}" in warning and "dram.segment_mode" in warning
+    assert got["aio_shm"] is False
+    assert got["fallbacks"] == {"permission": 2.0}  # the blocking client, then the async one
+    assert len(got["warnings"]) == 2
+    for warning in got["warnings"]:
+        assert "using gRPC" in warning and "(permission)" in warning
+        assert f"uid {CLIENT_UID}" in warning and "dram.segment_mode" in warning
