@@ -84,7 +84,9 @@ def probe_failed(address: str, exc: KVStoreError | OSError, required: bool | Non
     """The Segments call failed: re-raise when shared memory is required, else fall back."""
     if required:
         raise exc
-    if isinstance(exc, PermissionDenied | FailedPrecondition):
+    if isinstance(exc, FailedPrecondition):  # the server has no shared-memory plane
+        reason = "no_segments"
+    elif isinstance(exc, PermissionDenied):
         reason = "refused"
     elif isinstance(exc, Unavailable):
         reason = "unavailable"

@@ -64,10 +64,8 @@ CLIENT = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(autouse=True)
-def _root_only() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("switching the client to another uid needs root")
+needs_root = pytest.mark.skipif(os.geteuid() != 0,
+                                reason="switching the client to another uid needs root")
 
 
 def run_client(address: str, gid: int) -> dict[str, Any]:
@@ -86,6 +84,7 @@ def start(tmp_path: Path, **dram: str) -> ServerThread:
     return ServerThread(test_config(tmp_path / "data", dram={"capacity": "8MiB", **dram}))
 
 
+@needs_root
 def test_a_client_of_the_segments_group_maps_it(tmp_path: Path) -> None:
     srv = start(tmp_path, segment_mode="0660", segment_group=str(SHARED_GID))
     try:
@@ -99,6 +98,7 @@ def test_a_client_of_the_segments_group_maps_it(tmp_path: Path) -> None:
         srv.stop()
 
 
+@needs_root
 @pytest.mark.parametrize("dram", [
     {},  # the default: 0600, the server's user only
     {"segment_mode": "0660", "segment_group": str(SHARED_GID)},  # a group the client is not in
@@ -117,3 +117,24 @@ def test_a_client_the_segment_refuses_falls_back_with_a_warning_and_a_count(
     for warning in got["warnings"]:
         assert "using gRPC" in warning and "(permission)" in warning
         assert f"uid {CLIENT_UID}" in warning and "dram.segment_mode" in warning
+
+
+def test_a_co_located_client_of_a_server_without_dram_says_so(
+        server_factory: Any, caplog: pytest.LogCaptureFixture) -> None:
+    from prometheus_client import REGISTRY
+
+    from kvstore.client import KVStoreClient
+
+    def count() -> float:
+        value = REGISTRY.get_sample_value("kvstore_client_fallbacks_total",
+                                          {"reason": "no_segments"})
+        return value or 0.0
+
+    srv = server_factory(dram={"enabled": False})
+    before = count()
+    with caplog.at_level("WARNING", logger="kvstore.client.probe"), \
+            KVStoreClient(srv.address) as c:
+        assert not c.uses_shared_memory
+    assert count() == before + 1
+    assert any("(no_segments)" in r.getMessage() and "dram.enabled = false" in r.getMessage()
+               for r in caplog.records if r.levelname == "WARNING")
