@@ -110,9 +110,22 @@ def _server_pid(unshare: subprocess.Popen[bytes]) -> int:
     return int(children[0])
 
 
+def _children(pid: int) -> list[int]:
+    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+            for c in (task / "children").read_text().split()]
+
+
 def _signal_server(unshare: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    """Signal the server itself (unshare ignores SIGTERM) and wait for both to end."""
-    os.kill(_server_pid(unshare), sig)
+    """Signal the server itself (unshare ignores SIGTERM) and wait for both to end.
+
+    SIGKILL takes the server's children first (its multiprocessing resource tracker):
+    the whole container dies at once, and a tracker that outlived the server by a moment
+    would unlink the segment it was told of, hiding the leak this test is about."""
+    server = _server_pid(unshare)
+    if sig == signal.SIGKILL:
+        for child in _children(server):
+            os.kill(child, signal.SIGKILL)
+    os.kill(server, sig)
     unshare.wait(20)
 
 
