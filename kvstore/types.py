@@ -18,6 +18,7 @@ __all__ = [
     "BlockKey",
     "BlockMeta",
     "Medium",
+    "SessionKey",
     "Workload",
     "check_hash",
 ]
@@ -80,6 +81,17 @@ class BlockKey(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.block_hash.hex()}"
+
+
+class SessionKey(NamedTuple):
+    """(namespace, session id): a session of one namespace. Two namespaces (tenants,
+    models) with the same session id are two sessions; any character is safe in
+    either part (nothing is ever joined into, or split out of, one string).
+
+    A NamedTuple, as :class:`BlockKey`: policies hash it on every call."""
+
+    namespace: str
+    session_id: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,13 +11,22 @@ pool's least recently used first; the children-first rule of
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
+from operator import itemgetter
 
 from kvstore.policies._prefix import ChildIndex
 
-__all__ = ["POOL", "TierOwners"]
+__all__ = ["Pool", "TierOwners"]
 
-#: Owner names starting with this are pools of shared blocks (LRU inside).
-POOL = "\0pool|"
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """The owner of a workload's shared blocks (LRU inside). Its own type: no session
+    (whatever hashable the engine names sessions by) can be taken for a pool."""
+
+    workload: str
+
+_VALUE = itemgetter(0)
 
 
 class TierOwners:
@@ -27,16 +36,17 @@ class TierOwners:
         self.capacity = capacity
         self.used = 0
         self.index = ChildIndex()
-        self.owner: dict[Hashable, str] = {}
+        #: key -> its session (or Pool)
+        self.owner: dict[Hashable, Hashable] = {}
         self.pos: dict[Hashable, int] = {}
         self.sizes: dict[Hashable, int] = {}
-        self._blocks: dict[str, dict[Hashable, None]] = {}
+        self._blocks: dict[Hashable, dict[Hashable, None]] = {}
 
     def __contains__(self, key: object) -> bool:
         return key in self.sizes
 
     # -- blocks -------------------------------------------------------------------------
-    def add(self, key: Hashable, parent: Hashable | None, size: int, session: str,
+    def add(self, key: Hashable, parent: Hashable | None, size: int, session: Hashable,
             pos: int) -> None:
         if key in self.sizes:
             return
@@ -55,17 +65,17 @@ class TierOwners:
         self.index.remove(key)
         self._disown(key)
 
-    def claim(self, key: Hashable, session: str, pos: int) -> None:
+    def claim(self, key: Hashable, session: Hashable, pos: int) -> None:
         """``session`` (or a pool) used ``key`` (at chain position ``pos``): it owns it
         now (a pool's block becomes its most recently used)."""
         if key not in self.sizes:
             return
         self.pos[key] = pos
-        if self.owner.get(key) != session or session.startswith(POOL):
+        if self.owner.get(key) != session or isinstance(session, Pool):
             self._disown(key)
             self._own(key, session)
 
-    def _own(self, key: Hashable, session: str) -> None:
+    def _own(self, key: Hashable, session: Hashable) -> None:
         self.owner[key] = session
         blocks = self._blocks.get(session)
         if blocks is None:
@@ -82,24 +92,25 @@ class TierOwners:
             del self._blocks[session]
 
     # -- sessions -----------------------------------------------------------------------
-    def blocks_of(self, session: str) -> dict[Hashable, None]:
+    def blocks_of(self, session: Hashable) -> dict[Hashable, None]:
         return self._blocks.get(session, {})
 
-    def oldest(self, pool: str) -> Hashable | None:
+    def oldest(self, pool: Pool) -> Hashable | None:
         """The least recently used block of a pool."""
         return next(iter(self._blocks.get(pool, ())), None)
 
-    def worst_first(self, value: Callable[[str], float], skip: str | None = None
-                    ) -> list[tuple[float, str]]:
-        """(value, session) of the sessions here, lowest value first."""
-        return sorted((value(s), s) for s in self._blocks if s != skip)
+    def worst_first(self, value: Callable[[Hashable], float], skip: Hashable | None = None
+                    ) -> list[tuple[float, Hashable]]:
+        """(value, session) of the sessions here, lowest value first (equal values in
+        the order the sessions came to own blocks here: sessions need not be ordered)."""
+        return sorted(((value(s), s) for s in self._blocks if s != skip), key=_VALUE)
 
-    def victims(self, value: Callable[[str], float]) -> Iterator[tuple[Hashable, int]]:
+    def victims(self, value: Callable[[Hashable], float]) -> Iterator[tuple[Hashable, int]]:
         """(key, size) candidates: sessions worst first, each one's tail first."""
         pos, sizes = self.pos, self.sizes
         for _v, s in self.worst_first(value):
             blocks = self._blocks.get(s, ())
-            keys = (list(blocks) if s.startswith(POOL)
+            keys = (list(blocks) if isinstance(s, Pool)
                     else sorted(blocks, key=pos.__getitem__, reverse=True))
             for k in keys:
                 yield k, sizes[k]

@@ -74,7 +74,9 @@ class BlockInfo:
     key: Hashable
     size: int
     parent: Hashable | None = None
-    session_id: str = ""
+    #: The block's session: any hashable the engine chooses (the engine passes a
+    #: ``(namespace, session_id)`` key); ``""``: none known.
+    session_id: Hashable = ""
     workload: str = "unknown"
     num_tokens: int = 0
     #: Length in blocks of the request that produced this block.
@@ -89,7 +91,8 @@ class RequestInfo:
     #: Fastest tier holding each key (``None``: not stored). The served prefix is
     #: the leading run of tiers worth loading from.
     hit_tiers: Sequence[str | None]
-    session_id: str = ""
+    #: The request's session (as in :class:`BlockInfo`).
+    session_id: Hashable = ""
     workload: str = "unknown"
     #: Bytes a block of this request's namespace occupies in a tier (what capacity
     #: counts; measured by the engine). 0: not known yet (nothing of the namespace
@@ -157,7 +160,9 @@ class Hint:
         "session_end",
     )
 
-    session_id: str
+    #: The session (as in :class:`BlockInfo`; a client's plain id until the engine
+    #: scopes it by namespace).
+    session_id: Hashable
     event: str
     workload: str = "unknown"
     tool: str | None = None

@@ -43,7 +43,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Container, Hashable, Sequence
 from dataclasses import dataclass
 
-from kvstore.policies._owners import POOL, TierOwners
+from kvstore.policies._owners import Pool, TierOwners
 from kvstore.policies.base import BlockInfo, Hint, Move, Plan, Policy, RequestInfo, TierSpec
 from kvstore.policies.cost import CostModel
 from kvstore.policies.returns import ReturnTimes
@@ -105,18 +105,18 @@ class WorkloadPolicy(Policy):
         self.returns = ReturnTimes()
         #: workload -> what its requests were followed by (the next wait)
         self.follows: dict[str, Counter[str]] = {}
-        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._sessions: OrderedDict[Hashable, _Session] = OrderedDict()
         self._t = {t.name: TierOwners(t.capacity_bytes) for t in tiers}
         self._worth: tuple[bool, ...] = tuple(
             self.cost.worth_loading(t) for t in tiers)
         self._tools: dict[str, set[str]] = {}
         self._now = 0.0
-        #: key -> (session that used it last, when; "" once shared), two generations
-        self._uses: dict[Hashable, tuple[str, float]] = {}
-        self._old_uses: dict[Hashable, tuple[str, float]] = {}
+        #: key -> (session that used it last, when; None once shared), two generations
+        self._uses: dict[Hashable, tuple[Hashable | None, float]] = {}
+        self._old_uses: dict[Hashable, tuple[Hashable | None, float]] = {}
 
     # -- sessions and their value -------------------------------------------------------
-    def _session(self, name: str, workload: str) -> _Session:
+    def _session(self, name: Hashable, workload: str) -> _Session:
         s = self._sessions.get(name)
         if s is None:
             s = self._sessions[name] = _Session(workload)
@@ -136,7 +136,7 @@ class WorkloadPolicy(Policy):
             return tool
         return "other"
 
-    def _wait(self, name: str, s: _Session, wait: str, tool: str, now: float,
+    def _wait(self, name: Hashable, s: _Session, wait: str, tool: str, now: float,
               gap: float | None = None) -> None:
         """``name`` starts waiting on ``wait`` now."""
         if s.learning and s.wait == _IDLE and wait != _IDLE:
@@ -151,15 +151,15 @@ class WorkloadPolicy(Policy):
     def _cls(s: _Session, wait: str, tool: str) -> tuple[str, str, str, int, int]:
         return (s.workload, wait, tool, _turns(s.turns), s.last_gap)
 
-    def _value(self, name: str) -> float:
-        if name.startswith(POOL):
+    def _value(self, name: Hashable) -> float:
+        if isinstance(name, Pool):
             return self._pool_value(name)
         s = self._sessions.get(name)
         if s is None:
             return 0.0
         return self._value_of(s, self._now)
 
-    def _pool_value(self, pool: str) -> float:
+    def _pool_value(self, pool: Pool) -> float:
         """A pool is worth what its least recently used block is: shared blocks of the
         workload, idle that long, come back within the window that often."""
         for tr in self._t.values():
@@ -167,10 +167,10 @@ class WorkloadPolicy(Policy):
             if key is not None:
                 use = self._uses.get(key) or self._old_uses.get(key)
                 age = self._now - use[1] if use is not None else 1e9
-                return self._score((pool[len(POOL):], "shared", "", 0, 0), age)
+                return self._score((pool.workload, "shared", "", 0, 0), age)
         return 0.0
 
-    def _use(self, key: Hashable, name: str, workload: str, now: float) -> bool:
+    def _use(self, key: Hashable, name: Hashable, workload: str, now: float) -> bool:
         """Record that ``name`` used ``key``; True if the key is shared (two sessions used
         it). A shared key's reuse gaps are learned as the workload's "shared" wait."""
         prev = self._uses.get(key)
@@ -179,10 +179,10 @@ class WorkloadPolicy(Policy):
         shared = prev is not None and prev[0] != name
         if shared:
             cls = (workload, "shared", "", 0, 0)
-            if prev is not None and prev[0] == "":
+            if prev is not None and prev[0] is None:
                 self.returns.returned(cls, now - prev[1])
             self.returns.start(cls)
-            self._uses[key] = ("", now)
+            self._uses[key] = (None, now)
         else:
             self._uses[key] = (name, now)
         if len(self._uses) > self.max_sessions * 10:
@@ -237,7 +237,7 @@ class WorkloadPolicy(Policy):
         s.turns += 1
         self._wait(name, s, _IDLE, "", now)
         keys, hit = req.keys, req.hit_tiers
-        pool = POOL + req.workload
+        pool = Pool(req.workload)
         for j, (k, t) in enumerate(zip(keys, hit, strict=True)):
             shared = self._use(k, name, req.workload, now)
             if t is not None:
@@ -288,7 +288,7 @@ class WorkloadPolicy(Policy):
             t *= 2
         return min(t, limit)
 
-    def _room(self, tier: str, value: float, need: int, session: str) -> int:
+    def _room(self, tier: str, value: float, need: int, session: Hashable) -> int:
         """Bytes ``tier`` can give a newcomer worth ``value``: free room plus what
         sessions worth less than ``value / margin``, or nothing at all, hold (up to
         ``need``)."""
@@ -340,8 +340,8 @@ class WorkloadPolicy(Policy):
             return
         name = info.session_id
         use = self._uses.get(info.key)
-        if use is not None and use[0] == "":
-            name = POOL + info.workload
+        if use is not None and use[0] is None:
+            name = Pool(info.workload)
         pos = 0
         for other in self._t.values():  # a copy keeps its chain position and owner
             p = other.pos.get(info.key)

@@ -15,7 +15,9 @@ What LMCache calls and what it gets:
 * ``batched_get``, when LMCache keeps no local CPU cache (``local_cpu: false``): no
   copy at all. Each chunk is a ``TensorMemoryObj`` over the sidecar's slot itself,
   checked against its checksum, held under one read lease that ends when LMCache
-  frees the last of them (which it does once it has loaded them into the KV cache).
+  frees the last of them (which it does once it has loaded them into the KV cache); the
+  client renews that lease while LMCache holds any of them, so the slot under a memory
+  object is never given to another block (:mod:`kvstore.client.held`).
 * ``batched_get`` with a local CPU cache (LMCache keeps what it retrieved, for as
   long as it likes, which no lease covers), ``batched_get_non_blocking`` (prefetched
   objects wait for their request) and ``get`` (LMCache files a single get in its

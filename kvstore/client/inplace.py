@@ -35,7 +35,7 @@ from kvstore.client._common import (
     put_requests,
     tags,
 )
-from kvstore.client.held import HeldRead
+from kvstore.client.held import HeldRead, Renewal, Renewer
 from kvstore.errors import InvalidArgument, KVStoreError, LeaseExpired, TierFull
 from kvstore.types import BlockData
 
@@ -58,6 +58,7 @@ class InPlace:
     _segments: SegmentCache
     _pool: ThreadPoolExecutor | None
     _probe_lock: threading.Lock
+    _renewer: Renewer
 
     if TYPE_CHECKING:
 
@@ -225,8 +226,9 @@ class InPlace:
         """The stored blocks of ``hashes`` as views of the server's shared memory that
         outlive the call: one ``Acquire`` (``lease_seconds``: 0 = the server's default
         lease), each slot checked against its checksum, nothing copied. The caller
-        lets go of each view (:meth:`HeldRead.let_go`) when done, within the lease;
-        the last one ends the lease in the background. Blocks stored but not in shared
+        lets go of each view (:meth:`HeldRead.let_go`) when done; until then the
+        client renews the lease (a view never shows another block's bytes while the
+        sidecar is up), and the last one ends it in the background. Blocks stored but not in shared
         memory now come back as None and are listed in ``elsewhere``: read those with
         :meth:`get_each`. A corrupt slot comes back as None and is reported when the
         lease ends. None when the client is not on shared memory (nothing to hold)."""
@@ -234,7 +236,8 @@ class InPlace:
         if not self.uses_shared_memory:
             return None
         return self._held(self._call(self._stub.Acquire, pb.AcquireRequest(
-            namespace=namespace, block_hashes=hashes, lease_seconds=lease_seconds)))
+            namespace=namespace, block_hashes=hashes, lease_seconds=lease_seconds)),
+            namespace, lease_seconds)
 
     def lookup_and_hold(self, namespace: str, hashes: Sequence[bytes],
                         session_id: str | None = None, workload: str | None = None, *,
@@ -256,10 +259,12 @@ class InPlace:
         found = LookupResult.from_pb(resp)
         if not (hold and resp.HasField("held")):
             return found, None
-        return found, self._held(resp.held)
+        return found, self._held(resp.held, namespace, lease_seconds)
 
-    def _held(self, resp: pb.AcquireResponse) -> HeldRead:
-        """The slots of an Acquire as a :class:`HeldRead`, each checked first."""
+    def _held(self, resp: pb.AcquireResponse, namespace: str, lease_seconds: float
+              ) -> HeldRead:
+        """The slots of an Acquire as a :class:`HeldRead`, each checked first, its
+        lease renewed while any view is held."""
         expires_at = time.monotonic() + resp.lease_seconds
         release = pb.ReleaseRequest(lease_id=resp.lease_id)
         try:
@@ -277,15 +282,43 @@ class InPlace:
             self._release_quietly(release)  # else it ends by the server's clock
             raise
 
-        def end() -> None:
-            if release.corrupt_hashes:  # the server drops the bad copies before a retry
-                self._release_quietly(release)
-                return
+        def ender(req: pb.ReleaseRequest) -> Callable[[], None]:
+            def end() -> None:
+                if req.corrupt_hashes:  # the server drops the bad copies before a retry
+                    self._release_quietly(req)
+                    return
+                try:
+                    self._background(lambda: self._release_quietly(req))
+                except RuntimeError:  # the client was closed: its calls are over
+                    log.debug("kvstore: held lease %d let go after close", req.lease_id)
+            return end
+
+        def renew(held: Sequence[int]) -> Renewal | None:
+            """A new lease over the blocks of the views ``held``, if it pins each in
+            the very slot its view shows (the old lease still pins them: it does)."""
+            asked = time.monotonic()
             try:
-                self._background(lambda: self._release_quietly(release))
-            except RuntimeError:  # the client was closed: its calls are over
-                log.debug("kvstore: held lease %d let go after close", release.lease_id)
-        return HeldRead(views, sizes, overflow, expires_at, end)
+                new: pb.AcquireResponse = self._call(self._stub.Acquire, pb.AcquireRequest(
+                    namespace=namespace, lease_seconds=lease_seconds,
+                    block_hashes=[resp.headers[i].block_hash for i in held]))
+            except KVStoreError as exc:
+                log.warning("kvstore: could not renew read lease %d: %s", release.lease_id, exc)
+                return None
+            again = pb.ReleaseRequest(lease_id=new.lease_id)
+            same = len(new.slots) == len(held) and all(
+                (n.segment, n.offset, n.length) == (o.segment, o.offset, o.length)
+                for n, o in zip(new.slots, (resp.slots[i] for i in held), strict=True))
+            if not same:
+                self._release_quietly(again)
+                log.warning("kvstore: read lease %d not renewed: a held block is no longer "
+                            "in its slot", release.lease_id)
+                return None
+            return asked + new.lease_seconds, ender(again)
+
+        held = HeldRead(views, sizes, overflow, expires_at, ender(release), renew,
+                        resp.lease_seconds)
+        self._renewer.add(held)
+        return held
 
     def _checksums(self, views: Sequence[memoryview]) -> list[int]:
         """xxh3-64 of each view; large ones split between this thread and the call

@@ -30,6 +30,7 @@ from kvstore.client._common import (
     tags,
     translate,
 )
+from kvstore.client.held import Renewer
 from kvstore.client.inplace import InPlace
 from kvstore.client.probe import probe_failed, use_segments
 from kvstore.errors import InvalidArgument, KVStoreError
@@ -73,6 +74,8 @@ class KVStoreClient(InPlace):
         self._segments = SegmentCache()
         self._probe_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        #: Renews the leases of reads held in place while their views are held.
+        self._renewer = Renewer()
 
     # -- plumbing -----------------------------------------------------------------
     def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -280,6 +283,7 @@ class KVStoreClient(InPlace):
         return from_pb(self._call(self._stub.Profile, pb.ProfileRequest()), self.address)
 
     def close(self) -> None:
+        self._renewer.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         self._segments.close()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from kvstore.engine.index import Index
 from kvstore.errors import InvalidBlock, PayloadTooLarge
 from kvstore.policies import BlockInfo
-from kvstore.types import HASH_LENGTHS, BlockKey, BlockMeta, Workload, check_hash
+from kvstore.types import HASH_LENGTHS, BlockKey, BlockMeta, SessionKey, Workload, check_hash
 
 _LENGTHS = frozenset(HASH_LENGTHS)
 
@@ -56,11 +56,11 @@ def check_blocks(index: Index, namespace: str, blocks: Sequence[NewBlock], max_b
 
 
 def block_info(meta: BlockMeta) -> BlockInfo:
-    """What a policy may know of a stored block (its session scoped by namespace)."""
+    """What a policy may know of a stored block (its session a :class:`SessionKey`)."""
     ns = meta.key.namespace
     return BlockInfo(
         meta.key, meta.size, BlockKey(ns, meta.parent_hash) if meta.parent_hash else None,
-        f"{ns}|{meta.session_id}" if meta.session_id else "", meta.workload.value,
+        SessionKey(ns, meta.session_id) if meta.session_id else "", meta.workload.value,
         meta.num_tokens)
 
 

@@ -29,13 +29,13 @@ from kvstore.engine.mover import Transfer
 from kvstore.engine.placement import Placement
 from kvstore.engine.quotas import Quota
 from kvstore.engine.requests import UNPLANNED, OpenRequest, Requests
-from kvstore.engine.sessions import Sessions, scoped
+from kvstore.engine.sessions import Sessions
 from kvstore.errors import InvalidArgument, TierFull, Unavailable
 from kvstore.events import EventSink, NullSink
 from kvstore.policies import Hint, Policy, RequestInfo, TierSpec
 from kvstore.policies.cost import CostModel, read_bytes_per_s
 from kvstore.tiers.base import SlotTier, Tier
-from kvstore.types import BlockKey, BlockMeta, Medium, Workload
+from kvstore.types import BlockKey, BlockMeta, Medium, SessionKey, Workload
 
 __all__ = ["Engine", "Lookup", "NewBlock"]  # NewBlock re-exported from kvstore.engine.blocks
 
@@ -201,11 +201,12 @@ class Engine(Placement):
                     "(server.max_block_tokens)")
 
     # -- requests and sessions --------------------------------------------------------------
-    def _session(self, namespace: str, session_id: str, hashes: Sequence[bytes]) -> str:
-        return scoped(namespace, session_id or self.sessions.infer(namespace, hashes))
+    def _session(self, namespace: str, session_id: str, hashes: Sequence[bytes]
+                 ) -> SessionKey:
+        return SessionKey(namespace, session_id or self.sessions.infer(namespace, hashes))
 
     def _request_info(self, namespace: str, keys: list[BlockKey],
-                      hit_tiers: list[str | None], session: str, workload: str,
+                      hit_tiers: list[str | None], session: SessionKey, workload: str,
                       num_tokens: int, block_bytes: int = 0) -> RequestInfo:
         geo = self.geometry
         tokens = geo.of(namespace)[1]
@@ -219,7 +220,7 @@ class Engine(Placement):
                            geo.worth(namespace))
 
     def lookup(self, namespace: str, hashes: Sequence[bytes], session_id: str = "",
-               workload: str = "", *, request_id: str = "", num_tokens: int = 0
+               workload: str = "", *, request_id: Hashable = "", num_tokens: int = 0
                ) -> list[Medium]:
         """Media of the longest stored prefix of ``hashes`` worth loading (see
         :meth:`lookup_request`)."""
@@ -227,7 +228,7 @@ class Engine(Placement):
                                    request_id=request_id, num_tokens=num_tokens).media
 
     def lookup_request(self, namespace: str, hashes: Sequence[bytes], session_id: str = "",
-                       workload: str = "", *, request_id: str = "", num_tokens: int = 0,
+                       workload: str = "", *, request_id: Hashable = "", num_tokens: int = 0,
                        then: str = "", tool: str = "", expected_gap_s: float | None = None
                        ) -> Lookup:
         """The longest stored prefix of ``hashes`` worth loading, with the fastest tier of
@@ -238,7 +239,8 @@ class Engine(Placement):
         The first lookup of a request goes to the policy (its plan says where the
         missing blocks may be stored; its moves run on the mover) and prefetches the
         served blocks into the fastest tier; a repeat of the same ``request_id`` only
-        reads the index. ``num_tokens``: the request's prompt length, if known (its
+        reads the index (a request is its namespace's: the same id in another
+        namespace is another request). ``num_tokens``: the request's prompt length, if known (its
         last block may be partial). ``then`` / ``tool`` / ``expected_gap_s``: what the
         client says the request's turn ends with (for the policy's HBM keep)."""
         if then and then not in Hint.EVENTS:
@@ -265,7 +267,7 @@ class Engine(Placement):
         medium = self._medium
         media = [medium[e.tiers[0]] for e in hit[:served]]
         now = self.clock()
-        opened = self.requests.get(request_id)
+        opened = self.requests.get(namespace, request_id)
         if opened is not None:  # a repeat: counted once
             return Lookup(media, self._store_count(namespace, hashes, served, now),
                           opened.keep_s)
@@ -321,7 +323,7 @@ class Engine(Placement):
         return n
 
     def plan_admissions(self, namespace: str, hashes: Sequence[bytes], last_tokens: int,
-                        session_id: str, workload: str, request_id: str, now: float,
+                        session_id: str, workload: str, request_id: Hashable, now: float,
                         block_bytes: int = 0) -> list[str | None]:
         """The tier each new block may enter (None: refused), from its request's plan;
         blocks no plan covers (stored without a lookup) get a request of their own."""
@@ -336,7 +338,7 @@ class Engine(Placement):
             else:
                 out.append(t)
         if unplanned:
-            opened = requests.get(request_id)
+            opened = requests.get(namespace, request_id)
             session = (opened.session if opened is not None else
                        self._session(namespace, session_id, [hashes[i] for i in unplanned]))
             keys = [BlockKey(namespace, hashes[i]) for i in unplanned]
@@ -352,11 +354,11 @@ class Engine(Placement):
                 self._schedule(plan.moves, "plan")
         return out
 
-    def request_keys(self, namespace: str, hashes: Sequence[bytes], request_id: str,
+    def request_keys(self, namespace: str, hashes: Sequence[bytes], request_id: Hashable,
                      parent: bytes | None = None) -> set[Hashable]:
         """Keys a store must not evict: the blocks of the request being stored (without
         a known request: the blocks stored and the prefix above ``parent``)."""
-        opened = self.requests.get(request_id)
+        opened = self.requests.get(namespace, request_id)
         if opened is not None:
             return set(opened.keys)
         keys: set[Hashable] = {BlockKey(namespace, h) for h in hashes}
@@ -370,7 +372,7 @@ class Engine(Placement):
 
     # -- the operations -----------------------------------------------------------------
     async def put(self, namespace: str, blocks: Sequence[NewBlock], session_id: str = "",
-                  workload: str = "", *, request_id: str = "") -> tuple[int, int]:
+                  workload: str = "", *, request_id: Hashable = "") -> tuple[int, int]:
         """Store blocks (gRPC path) where their request's plan says. Returns (stored,
         already present). When a tier cannot make room for a block (what is left is
         pinned, in flight, or the request's own blocks), the blocks before it stay
@@ -470,7 +472,7 @@ class Engine(Placement):
         return True
 
     async def store_copy(self, meta: BlockMeta, payload: bytes | memoryview, tier: str,
-                         request_id: str = "") -> Entry:
+                         request_id: Hashable = "") -> Entry:
         """Store a block a client wrote elsewhere (a shared-memory slot) in ``tier``."""
         protect = self.request_keys(meta.key.namespace, [meta.key.block_hash], request_id)
         entry = await self._store(meta, payload, tier, protect)
@@ -478,17 +480,17 @@ class Engine(Placement):
         self._after_store(entry)
         return entry
 
-    def meta_session(self, namespace: str, session_id: str, request_id: str,
+    def meta_session(self, namespace: str, session_id: str, request_id: Hashable,
                      hashes: Sequence[bytes] = ()) -> str:
         """The session a new block is recorded under (unscoped: as the client named it,
         or as the engine inferred it from the request's chain)."""
         if session_id:
             return session_id
-        opened = self.requests.get(request_id)
+        opened = self.requests.get(namespace, request_id)
         if opened is not None:
-            return opened.session.partition("|")[2]
+            return opened.session.session_id
         if hashes:
-            return self._session(namespace, "", hashes).partition("|")[2]
+            return self._session(namespace, "", hashes).session_id
         return ""
 
     def written_in_place(self, meta: BlockMeta, tier_name: str) -> Entry:
@@ -561,21 +563,22 @@ class Engine(Placement):
             await self.tiers[tier_name].delete(key)
         return len(entries)
 
-    def hint(self, hint: Hint, namespace: str = "", request_id: str = "") -> int:
+    def hint(self, hint: Hint, namespace: str = "", request_id: Hashable = "") -> int:
         """A turn or session event: let the policy move that session's blocks.
 
-        The session is the one of ``request_id`` (a request looked up before; its
-        hint also ends it), else ``hint.session_id`` in ``namespace``. A session's
+        The session is the one of ``request_id`` in ``namespace`` (a request looked
+        up before; its hint also ends it), else ``hint.session_id`` in ``namespace``. A session's
         end drops a block only if no other live session still needs it."""
-        opened = self.requests.close(request_id)
+        opened = self.requests.close(namespace, request_id)
         if opened is not None:
             session = opened.session
         elif hint.session_id and namespace:
-            session = scoped(namespace, hint.session_id)
+            session = SessionKey(namespace, hint.session_id)
         else:
             raise InvalidArgument(
                 "a hint names its session by namespace and session_id (sessions are scoped "
-                "by namespace), or by the request_id of a request looked up before")
+                "by namespace), or by namespace and the request_id of a request looked up "
+                "before (request ids are scoped by namespace too)")
         now = self.clock()
         index = self.index
         held = [(k, e.tiers[0]) for k in self.sessions.keys(session)

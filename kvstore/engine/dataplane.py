@@ -63,7 +63,7 @@ class SlotPlane:
 
     async def reserve(self, namespace: str, items: Sequence[tuple[bytes, int]],
                       owner: str = "", session_id: str = "", workload: str = "",
-                      request_id: str = "") -> list[Slot | None]:
+                      request_id: Hashable = "") -> list[Slot | None]:
         """Slots for clients to write; ``None`` for blocks not to write: already
         stored, refused by the policy's plan for their request, or bound for another
         tier while this one has no free room to stage them. The reservations belong to
@@ -152,7 +152,7 @@ class SlotPlane:
 
     async def commit(self, namespace: str, items: Sequence[tuple[Slot, NewBlock]],
                      session_id: str = "", workload: str = "", owner: str = "",
-                     request_id: str = "") -> int:
+                     request_id: Hashable = "") -> int:
         """Commit written slots: ``items`` are (descriptor as reserved, block; its payload
         is ignored: the bytes are read from the slot). A block the plan put in another
         tier is copied there from its slot, and the slot freed."""
@@ -254,7 +254,10 @@ class SlotPlane:
         eng = self.engine
         name = self.tier.name
         entry = eng.index.get_hash(namespace, h)
-        if entry is not None and entry.meta.size > budget[0]:
+        # A block another lease pins already costs no more room (a held read renewing
+        # its lease takes a new one before it ends the old).
+        pinned = entry is not None and entry.key in eng.leases.pins
+        if entry is not None and not pinned and entry.meta.size > budget[0]:
             found.append((None, entry.meta))  # past the pinning budget: read over gRPC
             return
         if entry is not None and name not in entry.tiers:
@@ -272,7 +275,8 @@ class SlotPlane:
         eng.policy.on_access(entry.key, name, now)
         found.append((self.slots.locate(entry.key), entry.meta))
         keys.append(entry.key)
-        budget[0] -= entry.meta.size
+        if not pinned:
+            budget[0] -= entry.meta.size
         # Protect it from evictions caused by promoting the next ones.
         eng.leases.pins[entry.key] += 1
         eng.stats.bytes_out += entry.meta.size

@@ -6,6 +6,11 @@ time its ``request_id`` is looked up, and answers the repeats from the index
 without counting them again. A request ends with its turn-end hint, or after
 ``ttl_s``.
 
+A request is known by its namespace and its id, together (a key, never a joined
+string): two engines numbering their requests "0", "1", ... in two namespaces of one
+sidecar are two sets of requests. The id itself is opaque: the client's string, or a
+key the server scopes further (by tenant).
+
 The policy's plan for a request (which tier each missing key may enter) is kept
 per key until the key is stored or the plan expires, so requests that
 interleave (lookup A, lookup B, put A) keep their own admissions. Memory is
@@ -18,6 +23,8 @@ from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
+from kvstore.types import SessionKey
+
 __all__ = ["OpenRequest", "Requests", "UNPLANNED"]
 
 #: ``admission()`` of a key no plan covers.
@@ -28,7 +35,7 @@ UNPLANNED = "\0unplanned"
 class OpenRequest:
     namespace: str
     keys: Sequence[Hashable]
-    session: str  # scoped
+    session: SessionKey
     workload: str
     started: float
     keep_s: float = 0.0  # the HBM keep the policy decided at its lookup
@@ -40,23 +47,25 @@ class Requests:
         self.ttl_s = ttl_s
         self.max_open = max_open
         self.max_planned = max_planned
-        self._open: OrderedDict[str, OpenRequest] = OrderedDict()
+        #: (namespace, request id) -> the request
+        self._open: OrderedDict[tuple[str, Hashable], OpenRequest] = OrderedDict()
         #: key -> (tier or None = refused, plan expiry), oldest first
         self._plans: dict[Hashable, tuple[str | None, float]] = {}
 
     # -- requests -------------------------------------------------------------------
-    def get(self, request_id: str) -> OpenRequest | None:
-        return self._open.get(request_id) if request_id else None
+    def get(self, namespace: str, request_id: Hashable) -> OpenRequest | None:
+        return self._open.get((namespace, request_id)) if request_id else None
 
-    def open(self, request_id: str, req: OpenRequest) -> None:
+    def open(self, request_id: Hashable, req: OpenRequest) -> None:
         if not request_id:
             return
-        self._open[request_id] = req
-        self._open.move_to_end(request_id)
+        key = (req.namespace, request_id)
+        self._open[key] = req
+        self._open.move_to_end(key)
         self._expire_open(req.started)
 
-    def close(self, request_id: str) -> OpenRequest | None:
-        return self._open.pop(request_id, None) if request_id else None
+    def close(self, namespace: str, request_id: Hashable) -> OpenRequest | None:
+        return self._open.pop((namespace, request_id), None) if request_id else None
 
     def _expire_open(self, now: float) -> None:
         opened = self._open

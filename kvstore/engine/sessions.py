@@ -1,8 +1,9 @@
 """Sessions: who uses which blocks, scoped by namespace, inferred when unnamed.
 
-A session is ``(namespace, session_id)``: two tenants (or models) with the same
-session id are two sessions, and a hint acts on one namespace only. The policy
-sees the scoped name (``namespace|session_id``).
+A session is a :class:`~kvstore.types.SessionKey` ``(namespace, session_id)``: two
+tenants (or models) with the same session id are two sessions, and a hint acts on
+one namespace only. The policy sees that key as the session (never a string joined
+from the two: a namespace may hold any character).
 
 A request without a session id continues the session that owns the deepest
 block it shares with what came before, unless that block is a branch point
@@ -26,14 +27,9 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Sessions", "scoped"]
+from kvstore.types import SessionKey
 
-_SEP = "|"
-
-
-def scoped(namespace: str, session_id: str) -> str:
-    """The name a policy sees for a session of a namespace."""
-    return f"{namespace}{_SEP}{session_id}"
+__all__ = ["Sessions"]
 
 
 class _Inferer:
@@ -99,24 +95,25 @@ class Sessions:
         self.ttl_s = ttl_s
         self.max_sessions = max_sessions
         self.max_inferred = max_inferred
-        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._sessions: OrderedDict[SessionKey, _Session] = OrderedDict()
         #: key -> live sessions that used it
         self._users: dict[Hashable, int] = {}
         #: key -> the first session that used it, or None once a second one did
         #: (two generations, so memory stays bounded)
-        self._first: dict[Hashable, str | None] = {}
-        self._old_first: dict[Hashable, str | None] = {}
+        self._first: dict[Hashable, SessionKey | None] = {}
+        self._old_first: dict[Hashable, SessionKey | None] = {}
         self._inferers: dict[str, _Inferer] = {}
 
     def infer(self, namespace: str, hashes: Sequence[Hashable]) -> str:
-        """A session id for a request that named none (see the module docstring)."""
+        """A session id (of ``namespace``) for a request that named none (see the
+        module docstring)."""
         inf = self._inferers.get(namespace)
         if inf is None:
             inf = self._inferers[namespace] = _Inferer(self.max_inferred)
         return inf.session_for(hashes)
 
-    def used(self, session: str, keys: Iterable[Hashable], now: float) -> None:
-        """``session`` (scoped) used ``keys`` at ``now``."""
+    def used(self, session: SessionKey, keys: Iterable[Hashable], now: float) -> None:
+        """``session`` used ``keys`` at ``now``."""
         s = self._sessions.get(session)
         if s is None:
             s = self._sessions[session] = _Session()
@@ -138,16 +135,17 @@ class Sessions:
             self._old_first, self._first = first, {}
         self.expire(now)
 
-    def keys(self, session: str) -> list[Hashable]:
+    def keys(self, session: SessionKey) -> list[Hashable]:
         s = self._sessions.get(session)
         return list(s.keys) if s is not None else []
 
     def shared(self, key: Hashable) -> bool:
         """True once two sessions have used ``key``."""
-        first = self._first.get(key, self._old_first.get(key, ""))
-        return first is None
+        if key in self._first:
+            return self._first[key] is None
+        return key in self._old_first and self._old_first[key] is None
 
-    def end(self, session: str) -> list[Hashable]:
+    def end(self, session: SessionKey) -> list[Hashable]:
         """End a session; returns its keys no other live session needs and no other
         session ever used (its private blocks)."""
         s = self._sessions.pop(session, None)

@@ -30,8 +30,8 @@ from kvstore.errors import ConfigError, KVStoreError, PermissionDenied, Unauthen
 from kvstore.security.config import is_loopback
 from kvstore.security.grants import Tenant, TenantTable
 
-__all__ = ["RULES", "AuthInterceptor", "Rule", "ServerSecurity", "current_tenant", "tenant_owner",
-           "tenant_request_id"]
+__all__ = ["RULES", "AuthInterceptor", "Rule", "ServerSecurity", "TenantRequestId",
+           "current_tenant", "tenant_owner", "tenant_request_id"]
 
 log = logging.getLogger(__name__)
 
@@ -308,10 +308,20 @@ def tenant_owner(peer: str) -> str:
     return f"{tenant.name}|{peer}" if tenant is not None else peer
 
 
-def tenant_request_id(request_id: str) -> str:
-    """Request ids are the tenant's own: another tenant's same id is another request."""
+@dataclass(frozen=True, slots=True)
+class TenantRequestId:
+    """A request id as one tenant named it (a key: no tenant's name and id can be
+    taken for another's, whatever characters either holds)."""
+
+    tenant: str
+    request_id: str
+
+
+def tenant_request_id(request_id: str) -> str | TenantRequestId:
+    """Request ids are the tenant's own: another tenant's same id is another request.
+    (The engine scopes them by namespace besides.) Empty: no request."""
     tenant = current_tenant.get()
     if tenant is None or not request_id:
         return request_id
-    return f"{tenant.name}|{request_id}"
+    return TenantRequestId(tenant.name, request_id)
 

@@ -141,7 +141,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
         eng = self.engine
         hashes = list(request.block_hashes)
-        repeat = eng.requests.get(_rid(request.request_id)) is not None
+        repeat = eng.requests.get(request.namespace, _rid(request.request_id)) is not None
         found = eng.lookup_request(request.namespace, hashes, request.session_id,
                                    request.workload, request_id=_rid(request.request_id),
                                    num_tokens=request.num_tokens, then=request.then,
@@ -278,10 +278,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     @_unary
     async def Hint(self, request: pb.HintRequest, context: Any) -> pb.HintResponse:
-        if not request.request_id and not (request.session_id and request.namespace):
+        if not request.namespace or not (request.request_id or request.session_id):
             raise InvalidArgument(
-                "Hint: give namespace and session_id (sessions are scoped by namespace), "
-                "or the request_id of a request looked up before")
+                "Hint: give namespace and session_id, or namespace and the request_id of a "
+                "request looked up before (sessions and request ids are scoped by namespace)")
         if request.event not in Hint.EVENTS:
             raise InvalidArgument(
                 f"Hint: unknown event {request.event!r}; valid: {', '.join(Hint.EVENTS)}")

@@ -17,7 +17,7 @@ from kvstore.engine.dataplane import SlotPlane
 from kvstore.errors import InvalidArgument
 from kvstore.tiers.dram import DramTier
 from kvstore.tiers.memory import MemoryTier
-from kvstore.types import BlockKey, Medium
+from kvstore.types import BlockKey, Medium, SessionKey
 from tests.engine.test_engine import Clock, KiB, new_blocks
 
 
@@ -108,7 +108,7 @@ async def test_a_put_without_a_lookup_gets_a_request_of_its_own():
     assert await eng.put("ns", blocks, "s", "chat") == (2, 0)
     (req,) = spy.requests
     assert req.keys == [BlockKey("ns", h) for h in hashes(blocks)]
-    assert req.session_id == "ns|s" and req.workload == "chat"
+    assert req.session_id == SessionKey("ns", "s") and req.workload == "chat"
 
 
 async def test_sessions_are_scoped_by_namespace():
@@ -120,7 +120,7 @@ async def test_sessions_are_scoped_by_namespace():
     await eng.mover.run_pending()
     assert eng.lookup("tenant-a", hashes(mine)) == []
     assert eng.lookup("tenant-b", hashes(theirs)) == [Medium.CPU] * 2
-    assert spy.hints[0][0].session_id == "tenant-a|conv-1"
+    assert spy.hints[0][0].session_id == SessionKey("tenant-a", "conv-1")
     with pytest.raises(InvalidArgument, match="namespace"):
         eng.hint(Hint("conv-1", "turn_end"))
 

@@ -22,6 +22,7 @@ from kvstore.replay.driver import (
     build_engine,
 )
 from kvstore.replay.trace import After, Request, TraceError, dump_trace, load_trace
+from kvstore.types import SessionKey
 
 ONE = [TierBudget("hbm", 4)]
 
@@ -123,14 +124,14 @@ def test_hint_arrives_at_request_end_and_moves_run(monkeypatch: pytest.MonkeyPat
     p.step(req(1000, [1, 2], session_id="a", workload="agent",
                after=After("tool_call", "search")))
     hint, now, keys = pol.hints[0]
-    assert (hint.session_id, hint.event, hint.tool, hint.workload) == ("trace|a", "tool_call",
-                                                                      "search", "agent")
+    assert (hint.session_id, hint.event, hint.tool, hint.workload) == (
+        SessionKey("trace", "a"), "tool_call", "search", "agent")
     assert now == 1.0 and hint.expected_gap_s is None
     assert sorted(k.block_hash for k, _t in keys) == [block_hash(1), block_hash(2)]
     assert {t for _k, t in keys} == {"hbm"}
     assert p.tiers() == {1: ["dram"], 2: ["dram"]}  # offloaded by the hint's moves
     first = pol.requests[0]
-    assert first.session_id == "trace|a" and first.workload == "agent"
+    assert first.session_id == SessionKey("trace", "a") and first.workload == "agent"
     assert first.block_tokens == 512 and first.last_tokens == 512 - 10
     p.step(req(5000, [1, 2, 3], session_id="a"))
     r = p.replayer.result()

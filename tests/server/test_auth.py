@@ -259,13 +259,15 @@ def test_leases_and_reservations_are_bound_to_their_tenant(authed: Any, stub: An
 
 
 def test_request_ids_are_per_tenant(authed: Any, stub: Any) -> None:
-    """B naming A's request id reaches no request of A's."""
+    """Another tenant naming A's request id, in A's own namespace, reaches no request
+    of A's (request ids are scoped by tenant as well as by namespace)."""
     stub.Lookup(pb.LookupRequest(namespace=NS_A, block_hashes=HASHES, request_id="r1",
                                  session_id="sa"), metadata=metadata("a"))
     with pytest.raises(grpc.RpcError) as info:
-        stub.Hint(pb.HintRequest(request_id="r1", event="session_end"), metadata=metadata("b"))
-    assert code_of(info.value) == grpc.StatusCode.INVALID_ARGUMENT  # unknown request to B
-    assert stub.Hint(pb.HintRequest(request_id="r1", event="turn_end"),
+        stub.Hint(pb.HintRequest(namespace=NS_A, request_id="r1", event="session_end"),
+                  metadata=metadata("admin"))
+    assert code_of(info.value) == grpc.StatusCode.INVALID_ARGUMENT  # unknown request to it
+    assert stub.Hint(pb.HintRequest(namespace=NS_A, request_id="r1", event="turn_end"),
                      metadata=metadata("a")) is not None
 
 
