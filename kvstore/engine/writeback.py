@@ -15,6 +15,7 @@ import contextlib
 import logging
 import time
 
+from kvstore.engine.geometry import Geometry
 from kvstore.engine.index import Entry
 from kvstore.engine.mover import Transfer
 from kvstore.engine.placement import Placement
@@ -27,6 +28,9 @@ log = logging.getLogger("kvstore.engine")
 
 class WriteBack(Placement):
     """The recovery point and the drain, over the placement primitives."""
+
+    #: Block sizes and the cost model per namespace (the engine sets it).
+    geometry: Geometry
 
     #: False once a drain began: puts are refused (UNAVAILABLE).
     accepting: bool = True
@@ -48,10 +52,15 @@ class WriteBack(Placement):
             if entry is None or not entry.tiers or dst in entry.tiers:
                 continue
             src = entry.tiers[0]
-            if rank[src] < rank[dst]:
+            if rank[src] < rank[dst] and self.worth_on(key.namespace, dst):
                 n += self.mover.submit(Transfer(key, src, dst, keep_src=True,
                                                 reason="recovery point"))
         return n
+
+    def worth_on(self, namespace: str, tier_name: str) -> bool:
+        """Whether a load from the tier beats recomputing the namespace's blocks (cost
+        model): a copy where it does not is worthless (no lookup serves from it)."""
+        return bool(self.geometry.worth(namespace)[self._rank[tier_name]])
 
     def durable_tier(self) -> str | None:
         """The fastest persistent tier (the disk), if there is one."""
@@ -75,9 +84,9 @@ class WriteBack(Placement):
 
         def unwritten() -> list[Entry]:
             return [e for e in index.entries() if e.tiers and dst not in e.tiers
-                    and rank[e.tiers[0]] < rank[dst] and (
-                        e.meta.parent_hash is None
-                        or index.get_hash(e.key.namespace, e.meta.parent_hash) is not None)]
+                    and rank[e.tiers[0]] < rank[dst] and self.worth_on(e.key.namespace, dst)
+                    and (e.meta.parent_hash is None
+                         or index.get_hash(e.key.namespace, e.meta.parent_hash) is not None)]
 
         async def write_back(entries: list[Entry]) -> None:
             for entry in entries:  # stored order: parents before children, mostly
