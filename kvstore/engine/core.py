@@ -95,7 +95,6 @@ class Engine(WriteBack):
         #: after), whatever the policy's own write-back decided; None: no such bound.
         if max_write_delay_s is not None and self.durable_tier() is not None:
             self.recovery = RecoveryPoint(max_write_delay_s)
-        self.accepting = True
         self.lease_seconds = lease_seconds
         self.max_block_bytes = max_block_bytes
         #: Hashes (or blocks) one call may carry: Lookup, Get, Acquire, Reserve, Delete.
