@@ -97,7 +97,13 @@ class ServerConfig:
     lease_seconds: float = 30.0
     #: Longest read lease a client may ask for.
     max_lease_seconds: float = 300.0
+    #: How long in-flight calls get to finish when the server stops.
     grace_seconds: float = 5.0
+    #: Longest a stop (SIGTERM, SIGINT) takes: it refuses new puts at once (UNAVAILABLE),
+    #: writes back to disk what DRAM holds that disk does not for up to this long less
+    #: ``grace_seconds``, then gives in-flight calls ``grace_seconds`` and exits. Keep it
+    #: under the orchestrator's kill deadline (Kubernetes: terminationGracePeriodSeconds).
+    drain_timeout_s: float = 20.0
     #: Block hashes one call may carry (Lookup, Get, Acquire, Reserve, Commit, Put
     #: message, Delete).
     max_hashes_per_call: int = 131_072
@@ -123,6 +129,10 @@ class ServerConfig:
             raise ConfigError(
                 f"server.lease_seconds: must be > 0 and <= server.max_lease_seconds "
                 f"({self.max_lease_seconds}), got {self.lease_seconds}")
+        if not 0 <= self.grace_seconds <= self.drain_timeout_s <= 3600:
+            raise ConfigError(
+                f"server.drain_timeout_s: must be in [server.grace_seconds "
+                f"({self.grace_seconds!r}), 3600] seconds, got {self.drain_timeout_s!r}")
         for name in ("max_hashes_per_call", "max_block_tokens", "max_concurrent_rpcs",
                      "max_put_streams"):
             if getattr(self, name) <= 0:
@@ -192,10 +202,20 @@ class DiskConfig:
     segment_size: int = 0
     #: Write and read records with O_DIRECT where the filesystem supports it.
     direct_io: bool = True
+    #: The recovery point: a block stored in DRAM that the policy did not drop in the
+    #: meantime is queued for write-back to disk at the latest this long after its put,
+    #: whatever the policy's own write-back decided (it may write sooner). A policy gets
+    #: this long to judge a block worthless (a session's end, a refusal) before it costs
+    #: a disk write; a ``kill -9`` loses at most this window (plus the disk's write time).
+    max_write_delay_s: float = 2.0
 
     def validate(self) -> None:
         if self.enabled and self.capacity <= 0:
             raise ConfigError("disk.capacity: must be > 0 when disk.enabled")
+        if not 0 <= self.max_write_delay_s <= 3600:
+            raise ConfigError(
+                f"disk.max_write_delay_s: must be in [0, 3600] seconds, got "
+                f"{self.max_write_delay_s!r}")
         if self.segment_size and not (
             1 << 20 <= self.segment_size <= 1 << 40 and self.segment_size % 4096 == 0
         ):

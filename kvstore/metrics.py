@@ -81,9 +81,7 @@ class EngineCollector(Collector):
         yield CounterMetricFamily("kvstore_corrupt_reads",
                                   "Copies found corrupt on read and dropped",
                                   value=st.corrupt_reads)
-        yield CounterMetricFamily("kvstore_demotions_failed",
-                                  "Victims dropped because their copy to the next tier failed",
-                                  value=st.demotions_failed)
+        yield from self._failed_copies()
         yield CounterMetricFamily("kvstore_orphans_dropped",
                                   "Recovered blocks dropped at start (an ancestor was gone)",
                                   value=st.orphans_dropped)
@@ -115,6 +113,31 @@ class EngineCollector(Collector):
             refused.add_metric([u.prefix, u.tier], u.refused)
         yield from (limit, used, ev, refused)
 
+
+    def _failed_copies(self) -> Iterator[Any]:
+        """Failed copies between tiers by (src, dst, cause), demotions apart (their
+        victims were dropped); and the tiers whose writes keep failing (degraded)."""
+        health = self.engine.health
+        labels = ["src", "dst", "cause"]
+        demotions = CounterMetricFamily(
+            "kvstore_demotions_failed",
+            "Victims dropped because their copy to the next tier failed", labels=labels)
+        copies = CounterMetricFamily(
+            "kvstore_copies_failed",
+            "Copies between tiers that failed (demotions, write-backs, recovery point, "
+            "drain, prefetches)", labels=labels)
+        for (src, dst, cause), n in sorted(health.failed.items()):
+            copies.add_metric([src, dst, cause], n)
+        for (src, dst, cause), n in sorted(health.demotions.items()):
+            demotions.add_metric([src, dst, cause], n)
+        degraded = GaugeMetricFamily(
+            "kvstore_tier_degraded",
+            "1 while a tier's last writes all failed (the KVStore health is NOT_SERVING)",
+            labels=["tier"])
+        bad = set(health.degraded())
+        for name in self.engine.tiers:
+            degraded.add_metric([name], 1.0 if name in bad else 0.0)
+        yield from (demotions, copies, degraded)
 
     def _tier_ops(self) -> CounterMetricFamily:
         """What tiers absorbed without telling the engine (``CountingTier``): e.g. the

@@ -23,13 +23,14 @@ from dataclasses import dataclass, replace
 import xxhash
 
 from kvstore.engine.blocks import NewBlock, block_info, check_blocks, new_meta
+from kvstore.engine.durability import RecoveryPoint
 from kvstore.engine.geometry import Geometry
 from kvstore.engine.index import Entry, reachable
 from kvstore.engine.mover import Transfer
-from kvstore.engine.placement import Placement
 from kvstore.engine.quotas import Quota
 from kvstore.engine.requests import UNPLANNED, OpenRequest, Requests
 from kvstore.engine.sessions import Sessions
+from kvstore.engine.writeback import WriteBack
 from kvstore.errors import InvalidArgument, TierFull, Unavailable
 from kvstore.events import EventSink, NullSink
 from kvstore.policies import Hint, Policy, RequestInfo, TierSpec
@@ -65,7 +66,7 @@ def tier_specs(tiers: Sequence[Tier], bandwidth: Mapping[str, float] | None = No
             for t in tiers]
 
 
-class Engine(Placement):
+class Engine(WriteBack):
     def __init__(
         self,
         tiers: Sequence[Tier],
@@ -86,8 +87,14 @@ class Engine(Placement):
         session_ttl_s: float = 7200.0,
         bandwidth: Mapping[str, float] | None = None,
         quotas: Sequence[Quota] = (),
+        max_write_delay_s: float | None = None,
     ) -> None:
         super().__init__(tiers, policy, events or NullSink(), clock, write_back, quotas)
+        #: The recovery point: with a persistent tier, every new block in a faster one
+        #: is queued for write-back there this long after its put (at the first sweep
+        #: after), whatever the policy's own write-back decided; None: no such bound.
+        if max_write_delay_s is not None and self.durable_tier() is not None:
+            self.recovery = RecoveryPoint(max_write_delay_s)
         self.lease_seconds = lease_seconds
         self.max_block_bytes = max_block_bytes
         #: Hashes (or blocks) one call may carry: Lookup, Get, Acquire, Reserve, Delete.
@@ -166,6 +173,7 @@ class Engine(Placement):
             if isinstance(tier, SlotTier):
                 tier.abort(r.slot)
         self.sessions.expire(now)
+        self.queue_recovery_point()
 
     def set_geometry(self, namespace: str, block_bytes: int, block_tokens: int,
                      stored_bytes: int | None = None) -> None:
@@ -378,6 +386,7 @@ class Engine(Placement):
         pinned, in flight, or the request's own blocks), the blocks before it stay
         stored and the rest are skipped; if none could be stored, TierFull."""
         wl = Workload.parse(workload)
+        self.check_accepting()
         self.check_blocks(namespace, blocks)
         now = self.clock()
         index = self.index
@@ -443,11 +452,16 @@ class Engine(Placement):
             if get(ns, meta.key.block_hash) is not None:
                 continue  # a concurrent put stored it meanwhile
             try:
+                if not await self.prefix_held(meta, tier, protect):
+                    return False  # a persistent tier lacks its prefix, and cannot get it
                 if room:  # made above for the whole run
-                    await tier_obj.put(meta, payload)
-                    entry = self._stored(meta, tier)
+                    await self.put_into(tier, meta, payload)
+                    stored: Entry | None = self._stored(meta, tier)
                 else:
-                    entry = await self._store(meta, payload, tier, protect)
+                    stored = await self._store(meta, payload, tier, protect)
+                if stored is None:
+                    return False
+                entry = stored
             except TierFull:
                 # What is left here is pinned, in flight or this request's own blocks: the
                 # rest of the run spills into the next tier, or stops at the last one.
@@ -472,10 +486,14 @@ class Engine(Placement):
         return True
 
     async def store_copy(self, meta: BlockMeta, payload: bytes | memoryview, tier: str,
-                         request_id: Hashable = "") -> Entry:
-        """Store a block a client wrote elsewhere (a shared-memory slot) in ``tier``."""
+                         request_id: Hashable = "") -> Entry | None:
+        """Store a block a client wrote elsewhere (a shared-memory slot) in ``tier``;
+        None if it is not stored: ``tier`` is persistent and its prefix cannot be
+        made durable there first (see :meth:`prefix_held`)."""
         protect = self.request_keys(meta.key.namespace, [meta.key.block_hash], request_id)
         entry = await self._store(meta, payload, tier, protect)
+        if entry is None:
+            return None
         self.geometry.observe(meta.key.namespace, meta.size, meta.num_tokens)
         self._after_store(entry)
         return entry

@@ -69,6 +69,7 @@ class SlotPlane:
         tier while this one has no free room to stage them. The reservations belong to
         ``owner`` (the caller's identity)."""
         eng = self.engine
+        eng.check_accepting()
         hashes = eng.check_hashes(namespace, [h for h, _ in items], unique=True)
         wl = Workload.parse(workload).value
         for h, size in items:
@@ -157,6 +158,7 @@ class SlotPlane:
         is ignored: the bytes are read from the slot). A block the plan put in another
         tier is copied there from its slot, and the slot freed."""
         eng = self.engine
+        eng.check_accepting()
         wl = Workload.parse(workload)
         eng.check_hashes(namespace, [b.block_hash for _, b in items], unique=True)
         for _, b in items:
@@ -195,17 +197,25 @@ class SlotPlane:
                              xxhash.xxh3_64_intdigest(view), sid, wl)
             if r.target != self.tier.name and r.target is not None:
                 try:
-                    entry = await eng.store_copy(meta, view, r.target, request_id)
+                    copied = await eng.store_copy(meta, view, r.target, request_id)
                 except QuotaExceeded as exc:
                     # its tenant is at its quota in the target tier: this block and the
                     # rest of its chain are not stored; their slots are freed
                     log.info("commit stops at %s: %s", meta.key, exc)
+                    self.slots.abort(r.slot)
                     for rest, _ in items[i + 1:]:
                         with contextlib.suppress(KVStoreError):
                             self.abort([rest.slot_id], owner)
                     break
-                finally:
+                except BaseException:
                     self.slots.abort(r.slot)
+                    raise
+                if copied is not None:
+                    self.slots.abort(r.slot)
+                    entry = copied
+                else:  # a persistent target without its prefix: kept here, written back
+                    self.slots.commit(r.slot, meta)  # after its prefix
+                    entry = eng.written_in_place(meta, self.tier.name)
             else:
                 self.slots.commit(r.slot, meta)
                 entry = eng.written_in_place(meta, self.tier.name)

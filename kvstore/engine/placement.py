@@ -6,7 +6,8 @@ says), and a tenant's quota by asking it for that tenant's victims only; a
 copy between tiers checks the source bytes against their checksum; a
 dropped copy's bytes are freed only once no reader, copy or request still holds
 them (a slot is never reused under a lease); every change tells the policy and
-the event stream.
+the event stream. A persistent tier takes a block only once it holds the block's
+whole prefix, so what it reports stored is reachable after a restart.
 """
 
 from __future__ import annotations
@@ -20,12 +21,20 @@ from typing import TYPE_CHECKING
 import xxhash
 
 from kvstore.engine.blocks import block_info
+from kvstore.engine.durability import RecoveryPoint, WriteHealth
 from kvstore.engine.index import Entry, Index
 from kvstore.engine.leases import Leases
 from kvstore.engine.mover import Mover, Transfer
 from kvstore.engine.quotas import OtherTenants, Quota, Quotas
 from kvstore.engine.stats import EngineStats
-from kvstore.errors import BlockNotFound, DataCorruption, QuotaExceeded, TierFull
+from kvstore.errors import (
+    BlockNotFound,
+    DataCorruption,
+    KVStoreError,
+    QuotaExceeded,
+    TierFull,
+    Unavailable,
+)
 from kvstore.events import EventSink
 from kvstore.policies import Move, Policy
 from kvstore.tiers._common import check_size
@@ -100,6 +109,10 @@ class Placement:
                             if isinstance(t.unwrap(), PersistentTier)}
         #: Hooks for a tier other hosts share (kvstore.engine.shared), set by the server.
         self.shared: SharedPrefix | None = None
+        #: Failed copies into each tier, and which tiers are degraded.
+        self.health = WriteHealth()
+        #: The write-back deadline of every new block (None: no recovery point).
+        self.recovery: RecoveryPoint | None = None
 
     # -- protection -----------------------------------------------------------------
     def free_pending(self, key: BlockKey) -> bool:
@@ -210,9 +223,10 @@ class Placement:
             if dst is not None and dst not in entry.tiers:
                 try:
                     await self.copy(entry, tier_name, dst, extra)
-                except Exception as exc:  # a failed demotion degrades to a drop
+                except Exception as exc:  # a failed demotion degrades to a drop: said so
                     self.stats.demotions_failed += 1
-                    log.debug("demotion of %s to %s failed, dropping: %s", key, dst, exc)
+                    self.health.copy_failed("demotion (the block is dropped)", key,
+                                            tier_name, dst, exc, demotion=True)
         for key in keys:
             entry = self.index.get(key)
             if entry is None or tier_name not in entry.tiers:
@@ -227,10 +241,43 @@ class Placement:
 
     # -- placement --------------------------------------------------------------------
     async def _store(self, meta: BlockMeta, payload: bytes | memoryview, tier_name: str,
-                     extra: Container[Hashable] = ()) -> Entry:
+                     extra: Container[Hashable] = ()) -> Entry | None:
+        """Store one block in a tier (None: not stored, its prefix cannot be durable
+        there: see :meth:`prefix_held`)."""
+        if not await self.prefix_held(meta, tier_name, extra):
+            return None
         await self.make_room(tier_name, meta.size, extra, meta.key.namespace)
-        await self.tiers[tier_name].put(meta, payload)
+        await self.put_into(tier_name, meta, payload)
         return self._stored(meta, tier_name)
+
+    async def put_into(self, tier_name: str, meta: BlockMeta, payload: bytes | memoryview
+                       ) -> None:
+        """A tier's put, its outcome counted for the tier's health."""
+        try:
+            await self.tiers[tier_name].put(meta, payload)
+        except Unavailable:
+            self.health.write_failed(tier_name)
+            raise
+        self.health.ok(tier_name)
+
+    async def prefix_held(self, meta: BlockMeta, tier_name: str,
+                          extra: Container[Hashable] = ()) -> bool:
+        """Whether ``tier_name`` may take ``meta``: always, unless it is persistent; then
+        only once it holds the block's parent (copied there first, with its own prefix,
+        from a faster tier that holds it). A block whose prefix is stored nowhere is
+        not stored on a persistent tier: it would be reported durable, and dropped at
+        the next start as unreachable."""
+        if tier_name not in self._persistent or meta.parent_hash is None:
+            return True
+        above = self.index.get_hash(meta.key.namespace, meta.parent_hash)
+        if above is None:
+            return False
+        if tier_name not in above.tiers:
+            try:
+                await self._copy_prefix(above, tier_name, extra)
+            except KVStoreError as exc:
+                log.debug("prefix of %s not copied to %s: %s", meta.key, tier_name, exc)
+        return tier_name in above.tiers
 
     def _stored(self, meta: BlockMeta, tier_name: str) -> Entry:
         entry = self.index.add_location(meta, tier_name)
@@ -276,7 +323,7 @@ class Placement:
         try:
             payload = await self.tiers[src].get(key)
             await self.make_room(dst, entry.meta.size, extra, key.namespace)
-            await self.tiers[dst].put(entry.meta, payload)
+            await self.put_into(dst, entry.meta, payload)
             # The source bytes must match their checksum (a mapped tier's may have been
             # overwritten by a client, or changed under the copy): a corrupt source is
             # dropped, never copied on or served.
@@ -357,7 +404,11 @@ class Placement:
         if not t.keep_src and t.key in self.leases.pins:
             return  # being read: a move away would pull it from under the reader
         if t.dst is not None and t.dst not in entry.tiers:
-            await self.copy(entry, t.src, t.dst, t.protect)
+            try:
+                await self.copy(entry, t.src, t.dst, t.protect)
+            except Exception as exc:  # counted here by cause; the mover warns and counts it
+                self.health.copy_failed(t.reason, t.key, t.src, t.dst, exc, warn=False)
+                raise
         if not t.keep_src and self.index.get(t.key) is not None:
             await self._drop(t.key, t.src)
 
@@ -383,9 +434,12 @@ class Placement:
         write-through to a shared tier, if there is one."""
         if self.shared is not None:
             self.shared.after_store(entry)
+        src = entry.tiers[0]
+        now = self.clock()
         if self.write_back:
-            src = entry.tiers[0]
-            dst = self.policy.demote_to(entry.key, src, self.clock())
+            dst = self.policy.demote_to(entry.key, src, now)
             if dst is not None:
                 self.mover.submit(Transfer(entry.key, src, dst, keep_src=True,
                                            reason="write-back"))
+        if self.recovery is not None and src not in self._persistent:
+            self.recovery.stored(entry.key, now)

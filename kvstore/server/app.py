@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,8 @@ __all__ = ["KVStoreServer", "build_tiers"]
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name
+#: How often the sweeper runs (leases, reservations, the recovery point, health).
+SWEEP_S = 0.5
 
 def build_tiers(cfg: Config) -> list[Tier]:
     tiers: list[Tier] = []
@@ -79,6 +83,8 @@ class KVStoreServer:
         self._grpc: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._sweeper: asyncio.Task[None] | None = None
+        #: Tiers the engine reported degraded at the last sweep (see ``_check_health``).
+        self.degraded: list[str] = []
         self._metrics_server: Any = None
         self.port: int = 0
         self.metrics_port: int = 0
@@ -142,7 +148,9 @@ class KVStoreServer:
             max_hashes=srv.max_hashes_per_call, max_block_tokens=srv.max_block_tokens,
             max_lease_seconds=srv.max_lease_seconds,
             max_pinned_fraction=cfg.dram.max_pinned_fraction,
-            quotas=[Quota(q.namespace_prefix, q.limits()) for q in cfg.quotas])
+            quotas=[Quota(q.namespace_prefix, q.limits()) for q in cfg.quotas],
+            # queued at the first sweep at most max_write_delay_s after the put
+            max_write_delay_s=max(0.0, cfg.disk.max_write_delay_s - SWEEP_S))
         if cfg.redis.enabled:
             from kvstore.engine.shared import SharedPrefix
 
@@ -206,20 +214,48 @@ class KVStoreServer:
 
     async def _sweep(self) -> None:
         while True:
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(SWEEP_S)
             if self.engine is not None:
                 try:
                     await self.engine.sweep()
+                    await self._check_health()
                 except Exception:  # the sweeper must outlive any one failure
                     log.exception("sweep failed")
+
+    async def _check_health(self) -> None:
+        """The KVStore service's health: NOT_SERVING while a tier is degraded (its
+        last writes all failed: ``WriteHealth``), SERVING again once none is. The
+        overall status (service ``""``, what probes without a service name ask)
+        stays SERVING: the process serves, and a failing cache disk should neither
+        restart the sidecar nor take its worker out of service."""
+        assert self.engine is not None
+        degraded = self.engine.health.degraded()
+        if degraded == self.degraded or not self.engine.accepting:
+            return
+        if degraded:
+            log.error("tiers %s degraded (their last %d writes failed): health of %s is "
+                      "NOT_SERVING until a write succeeds", degraded,
+                      self.engine.health.threshold, SERVICE_NAME)
+        else:
+            log.warning("tiers %s write again: health of %s is SERVING", self.degraded,
+                        SERVICE_NAME)
+        self.degraded = degraded
+        await self._health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING
+                               if degraded else health_pb2.HealthCheckResponse.SERVING)
 
     async def wait_for_termination(self) -> None:
         if self._grpc is not None:
             await self._grpc.wait_for_termination()
 
     async def stop(self, grace: float | None = None) -> None:
+        """Drain (a started server: refuse puts, write DRAM back to disk for up to
+        ``server.drain_timeout_s`` less ``grace``; reads are still served), then give
+        in-flight calls ``grace`` seconds and close everything."""
         grace = self.cfg.server.grace_seconds if grace is None else grace
+        deadline = time.monotonic() + self.cfg.server.drain_timeout_s
         await self._health.enter_graceful_shutdown()
+        if self.engine is not None and self._grpc is not None:
+            await self.engine.drain(max(0.0, deadline - time.monotonic() - grace))
         if self._grpc is not None:
             await self._grpc.stop(grace)
             self._grpc = None
@@ -229,8 +265,8 @@ class KVStoreServer:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server = None
-        if self.engine is not None:
-            await self.engine.close()
+        if self.engine is not None:  # what the mover still has queued, in the time left
+            await self.engine.close(max(0.0, deadline - time.monotonic()))
             self.engine = None
         if self.ingest is not None:
             await self.ingest.close()

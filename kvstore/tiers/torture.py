@@ -1,6 +1,7 @@
 """Crash torture: ``kill -9`` a real ``kvstore serve`` under write load, restart, verify.
 
-    python -m kvstore.tiers.bench crash [--iterations 50] [--writers 2] [--dir DIR]
+    python -m kvstore.tiers.bench crash [--iterations 50] [--writers 2] [--policy lru]
+                                        [--dir DIR]
 
 Each iteration: writers put chained blocks (random sizes, random bytes) into a
 running server over the shared-memory plane; a subscriber records every block
@@ -16,15 +17,16 @@ read offline (read-only), and the server restarts on the same dir and serves:
 * **corrupt**: a block whose bytes (on disk, or served after the restart) differ
   from what was put under its hash;
 * **phantom**: a block on disk that no writer ever sent;
-* **lost**: a block reported durable that is not on disk, or not served;
-* **durable but orphaned**: reported durable, intact on disk, but an ancestor never
-  reached disk (the engine dropped it from DRAM before its write-back): the engine
-  drops such a block at restart, since no prefix lookup can reach it. Counted apart:
-  the disk tier kept it.
+* **lost**: a block reported durable that is not on disk, not reachable there (an
+  ancestor missing: the engine drops such an orphan at restart), or not served.
 
-The promise is 0 corrupt, 0 phantom, 0 lost. Every block reported durable in
-any iteration stays expected in all later ones (the disk tier is sized so that
-nothing is evicted from it), so restarts also re-verify older segments.
+The promise is 0 corrupt, 0 phantom, 0 lost, every block reported durable counted.
+Every block reported durable in any iteration stays expected in all later ones (the
+disk tier is sized so that nothing is evicted from it), so restarts also re-verify
+older segments. ``--policy``: the engine's policy (``lru``, the default here, writes
+every block back at once, so a kill often lands inside a commit; ``workload``, the
+server's default, writes back what it values at once and the rest at the recovery
+point, ``disk.max_write_delay_s``).
 """
 
 from __future__ import annotations
@@ -152,8 +154,7 @@ class TortureResult:
     phantom: int = 0
     lost: int = 0
     unreported_on_disk: int = 0  # intact on disk, not (yet) reported durable at the kill
-    #: reported durable, but an ancestor never reached disk: the engine drops such a block
-    #: at restart (no prefix lookup can reach it); not a loss of the disk tier
+    #: of ``lost``: reported durable and intact on disk, but an ancestor is not there
     durable_orphans: int = 0
     dropped_at_restart: int = 0  # half-written regions / damaged records skipped
     commit_kills: list[str] = field(default_factory=list)  # syscall seen at each commit kill
@@ -163,8 +164,8 @@ class TortureResult:
     def line(self) -> str:
         return (f"{self.iterations} iterations: acknowledged {self.acknowledged}, durable "
                 f"{self.durable}, corrupt {self.corrupt}, phantom {self.phantom}, lost "
-                f"{self.lost}; durable but orphaned (dropped by the engine at restart) "
-                f"{self.durable_orphans}; on disk but not reported durable "
+                f"{self.lost} (of which orphans: intact on disk, an ancestor missing "
+                f"{self.durable_orphans}); on disk but not reported durable "
                 f"{self.unreported_on_disk}, "
                 f"half-written regions dropped {self.dropped_at_restart}, kills inside a "
                 f"commit {len(self.commit_kills)} ({', '.join(sorted(set(self.commit_kills)))})"
@@ -176,7 +177,7 @@ class Torture:
 
     def __init__(self, base: Path, *, writers: int = 2, seed: int = 0,
                  min_kib: int = 16, max_kib: int = 128, mb_per_s: float = 24.0,
-                 log: Callable[[str], None] = print):
+                 policy: str = "lru", log: Callable[[str], None] = print):
         self.base = base
         self.data_dir = base / "data"
         self.rng = random.Random(seed)
@@ -191,11 +192,11 @@ class Torture:
         self.removed: list[bytes] = []  # blocks that left the disk tier (must stay empty)
         self._on_disk: dict[bytes, int] = {}
         self.result = TortureResult()
-        # lru: every block goes through DRAM and is written back to disk, so the disk
-        # tier commits all the time and a kill lands inside a commit (the workload
-        # policy keeps blocks nobody returns to out of the disk tier).
+        # lru: every block goes through DRAM and is written back to disk at once, so the
+        # disk tier commits all the time and a kill lands inside a commit.
+        self.policy = policy
         env = {"KVSTORE_DRAM__CAPACITY": "32MiB", "KVSTORE_DISK__CAPACITY": "16GiB",
-               "KVSTORE_ENGINE__POLICY": "lru",
+               "KVSTORE_ENGINE__POLICY": policy,
                "KVSTORE_EVENTS__ENDPOINT": "tcp://127.0.0.1:*",
                "KVSTORE_EVENTS__REPLAY_ENDPOINT": "tcp://127.0.0.1:*"}
         self.server = Server(self.data_dir, _free_port(), env)
@@ -348,19 +349,20 @@ class Torture:
             sent = dict(self.sent)
         phantom = [h for h in on_disk if h not in sent]
         corrupt = [h for h, c in on_disk.items() if h in sent and sent[h] != c]
-        lost = [h for h in self.expected if h not in on_disk]
+        missing = [h for h in self.expected if h not in on_disk]
         orphans = [h for h in self.expected if h in on_disk and h not in reachable]
         self.result.phantom += len(phantom)
         self.result.corrupt += len(corrupt)
-        self.result.lost += len(lost)
+        self.result.lost += len(missing) + len(orphans)
         self.result.durable_orphans += len(orphans)
         self.result.unreported_on_disk += len(set(on_disk) - self.expected)
         # The restart serves what a prefix can reach; those blocks must stay from now on
-        # (the engine drops a recovered block whose parent is gone: unreachable by design).
+        # (a lost one is counted once, here; unreported orphans were never promised).
         self.expected = (self.expected | set(on_disk)) & reachable
-        if phantom or corrupt or lost:
+        if phantom or corrupt or missing or orphans:
             self.log(f"iteration {self.result.iterations}: on disk {len(on_disk)}, phantom "
-                     f"{len(phantom)}, corrupt {len(corrupt)}, lost {len(lost)}")
+                     f"{len(phantom)}, corrupt {len(corrupt)}, lost {len(missing)} missing "
+                     f"+ {len(orphans)} orphaned")
         self._on_disk = {h: on_disk[h] for h in reachable}
 
     def _check_served(self, reported: set[bytes]) -> None:
@@ -414,10 +416,10 @@ def _reachable(parents: dict[bytes, bytes | None]) -> set[bytes]:
 
 
 def run(iterations: int, base: Path, *, commit_every: int = 2, writers: int = 2, seed: int = 0,
-        log: Callable[[str], None] = print) -> TortureResult:
+        policy: str = "lru", log: Callable[[str], None] = print) -> TortureResult:
     """``iterations`` kill/restart cycles; every ``commit_every``-th kill waits for a
     commit (when this host shows syscalls), the others land at random."""
-    t = Torture(base, writers=writers, seed=seed, log=log)
+    t = Torture(base, writers=writers, seed=seed, policy=policy, log=log)
     probe = commit_probe_works()
     try:
         for i in range(iterations):
@@ -434,10 +436,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--iterations", type=int, default=50)
     p.add_argument("--writers", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--policy", default="lru",
+                   help="engine policy (lru: write-back at once; workload: the server's default)")
     p.add_argument("--dir", type=Path, default=None, help="where the data dir goes")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="kvtorture-") as tmp:
-        res = run(args.iterations, Path(tmp), writers=args.writers, seed=args.seed)
+        res = run(args.iterations, Path(tmp), writers=args.writers, seed=args.seed,
+                  policy=args.policy)
     print(res.line())
     sys.exit(0 if res.corrupt == res.phantom == res.lost == 0 else 1)
 

@@ -1,0 +1,109 @@
+"""The engine's durability: the recovery point and the drain.
+
+Under every policy, a block stored in a tier faster than the persistent one (the
+disk) is queued for write-back there at its recovery point (``disk.max_write_delay_s``
+after its put) unless the policy dropped it meanwhile; a drain (the server's stop)
+refuses puts and writes back everything a faster tier holds that the disk does not.
+The copies themselves are the placement's (a persistent tier takes a block only
+after its prefix).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from kvstore.engine.geometry import Geometry
+from kvstore.engine.index import Entry
+from kvstore.engine.mover import Transfer
+from kvstore.engine.placement import Placement
+from kvstore.errors import Unavailable
+
+__all__ = ["WriteBack"]
+
+log = logging.getLogger("kvstore.engine")
+
+
+class WriteBack(Placement):
+    """The recovery point and the drain, over the placement primitives."""
+
+    #: Block sizes and the cost model per namespace (the engine sets it).
+    geometry: Geometry
+
+    #: False once a drain began: puts are refused (UNAVAILABLE).
+    accepting: bool = True
+
+    def queue_recovery_point(self) -> int:
+        """Queue the write-back of every block whose recovery point has come (it was
+        stored ``recovery.delay_s`` ago) and that is still only in tiers faster than
+        the first persistent one; blocks the policy dropped meanwhile are gone from the
+        index. Returns how many were queued."""
+        if self.recovery is None:
+            return 0
+        dst = self.durable_tier()
+        if dst is None:
+            return 0
+        rank = self._rank
+        n = 0
+        for key in self.recovery.due(self.clock()):
+            entry = self.index.get(key)
+            if entry is None or not entry.tiers or dst in entry.tiers:
+                continue
+            src = entry.tiers[0]
+            if rank[src] < rank[dst] and self.worth_on(key.namespace, dst):
+                n += self.mover.submit(Transfer(key, src, dst, keep_src=True,
+                                                reason="recovery point"))
+        return n
+
+    def worth_on(self, namespace: str, tier_name: str) -> bool:
+        """Whether a load from the tier beats recomputing the namespace's blocks (cost
+        model): a copy where it does not is worthless (no lookup serves from it)."""
+        return bool(self.geometry.worth(namespace)[self._rank[tier_name]])
+
+    def durable_tier(self) -> str | None:
+        """The fastest persistent tier (the disk), if there is one."""
+        return next((name for name in self.order if name in self._persistent), None)
+
+    def check_accepting(self) -> None:
+        """Refuse a put once the server is draining (it is about to exit)."""
+        if not self.accepting:
+            raise Unavailable("the server is shutting down (writing DRAM back to disk before "
+                              "it exits): put refused; retry after its restart")
+
+    async def drain(self, seconds: float) -> int:
+        """Stop taking puts, then write back to the persistent tier every block only
+        faster tiers hold (whose prefix is still stored), for at most ``seconds``.
+        Returns how many such blocks are left unwritten."""
+        self.accepting = False
+        dst = self.durable_tier()
+        if dst is None:
+            return 0
+        rank, index = self._rank, self.index
+
+        def unwritten() -> list[Entry]:
+            return [e for e in index.entries() if e.tiers and dst not in e.tiers
+                    and rank[e.tiers[0]] < rank[dst] and self.worth_on(e.key.namespace, dst)
+                    and (e.meta.parent_hash is None
+                         or index.get_hash(e.key.namespace, e.meta.parent_hash) is not None)]
+
+        async def write_back(entries: list[Entry]) -> None:
+            for entry in entries:  # stored order: parents before children, mostly
+                if not entry.tiers or dst in entry.tiers:
+                    continue
+                src = entry.tiers[0]
+                try:
+                    await self.copy(entry, src, dst)
+                except Exception as exc:  # counted and warned; the drain goes on
+                    self.health.copy_failed("drain write-back", entry.key, src, dst, exc)
+
+        todo = unwritten()
+        t0 = time.monotonic()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(write_back(todo), seconds)
+        left = len(unwritten())
+        log.log(logging.WARNING if left else logging.INFO,
+                "drain: %d of %d blocks written back to %s in %.1fs; %d left unwritten",
+                len(todo) - left, len(todo), dst, time.monotonic() - t0, left)
+        return left
