@@ -29,6 +29,7 @@ from kvstore.engine.mover import Transfer
 from kvstore.engine.placement import Placement
 from kvstore.engine.quotas import Quota
 from kvstore.engine.requests import UNPLANNED, OpenRequest, Requests
+from kvstore.engine.retention import RetentionLimits
 from kvstore.engine.sessions import Sessions, scoped
 from kvstore.errors import InvalidArgument, TierFull, Unavailable
 from kvstore.events import EventSink, NullSink
@@ -86,8 +87,10 @@ class Engine(Placement):
         session_ttl_s: float = 7200.0,
         bandwidth: Mapping[str, float] | None = None,
         quotas: Sequence[Quota] = (),
+        retention: RetentionLimits | None = None,
     ) -> None:
-        super().__init__(tiers, policy, events or NullSink(), clock, write_back, quotas)
+        super().__init__(tiers, policy, events or NullSink(), clock, write_back, quotas,
+                         retention)
         self.lease_seconds = lease_seconds
         self.max_block_bytes = max_block_bytes
         #: Hashes (or blocks) one call may carry: Lookup, Get, Acquire, Reserve, Delete.
@@ -166,6 +169,7 @@ class Engine(Placement):
             if isinstance(tier, SlotTier):
                 tier.abort(r.slot)
         self.sessions.expire(now)
+        self.retention.expire(now)
 
     def set_geometry(self, namespace: str, block_bytes: int, block_tokens: int,
                      stored_bytes: int | None = None) -> None:
@@ -297,6 +301,9 @@ class Engine(Placement):
             self._schedule(plan.moves, "plan")
         st = self.stats
         st.tier_hits.update(e.tiers[0] for e in hit[:served])
+        if self.retention:
+            for e in hit[:served]:
+                self.retention.on_hit(e.key, now)
         st.lookups += 1
         st.lookup_hit_blocks += served
         st.lookup_miss_blocks += len(hashes) - served
@@ -548,6 +555,7 @@ class Engine(Placement):
         to_free: list[tuple[BlockKey, str]] = []
         for entry in entries:
             self.requests.forget(entry.key)
+            self.retention.forget(entry.key)
             for tier_name in list(entry.tiers):
                 self.index.remove_location(entry.key, tier_name)
                 self.policy.on_remove(entry.key, tier_name)
@@ -585,3 +593,16 @@ class Engine(Placement):
             free = set(self.sessions.end(session))
             moves = [m for m in moves if m.dst is not None or m.key in free]
         return self._schedule(moves, f"hint:{hint.event}")
+
+    def retain(self, namespace: str, hashes: Sequence[bytes], ttl_s: float) -> int:
+        """Keep the blocks for ``ttl_s`` seconds, softly (:mod:`kvstore.engine.retention`);
+        ``ttl_s`` 0 ends their retention. Blocks not stored yet are protected when they
+        are. Returns how many of them it protects now. The policy is told the deadline
+        as the client's statement of their next use."""
+        hashes = self.check_hashes(namespace, hashes)
+        keys = [BlockKey(namespace, h) for h in dict.fromkeys(hashes)]
+        now = self.clock()
+        protected = self.retention.retain(keys, self.index, ttl_s, now)
+        if ttl_s > 0:
+            self.policy.on_retain(keys, now + ttl_s, now)
+        return protected
