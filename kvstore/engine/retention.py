@@ -233,7 +233,7 @@ class Retention:
             freed += size
         return out
 
-    def keys(self) -> Iterable[BlockKey]:
+    def retained_keys(self) -> Iterable[BlockKey]:
         return self._until.keys()
 
 
