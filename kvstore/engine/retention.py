@@ -81,6 +81,11 @@ class Retention:
         self.returned = 0
         #: retained blocks evicted before their deadline (the tier had nothing else)
         self.evicted = 0
+        #: distinct blocks retained (an extension of a live retention not counted again),
+        #: and how many of them a lookup found while they were retained (came back)
+        self.blocks = 0
+        self.came_back = 0
+        self._hit: set[BlockKey] = set()
 
     def __bool__(self) -> bool:
         return bool(self._until)
@@ -166,7 +171,9 @@ class Retention:
         for t in entry.tiers:
             used[(tenant, t)] += size
         self._until[key] = (until, next(self._seq))
+        self._hit.discard(key)
         self.granted += 1
+        self.blocks += 1
         return True
 
     def on_stored(self, entry: Entry, index: Index, now: float) -> None:
@@ -180,8 +187,12 @@ class Retention:
     def on_hit(self, key: BlockKey, now: float) -> None:
         if self.active(key, now):
             self.returned += 1
+            if key not in self._hit:
+                self._hit.add(key)
+                self.came_back += 1
 
     def forget(self, key: BlockKey) -> None:
+        self._hit.discard(key)
         self._until.pop(key, None)
         self._pending.pop(key, None)
 
@@ -190,6 +201,7 @@ class Retention:
         gone = [k for k, (until, _) in self._until.items() if until <= now]
         for k in gone:
             del self._until[k]
+            self._hit.discard(k)
         for k in [k for k, until in self._pending.items() if until <= now]:
             del self._pending[k]
         return len(gone)

@@ -8,6 +8,7 @@ client re-raises the same type.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -382,7 +383,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     async def Profile(self, request: pb.ProfileRequest, context: Any) -> pb.ProfileResponse:
         from kvstore.profile.wire import to_pb
 
-        return to_pb(self.profile.snapshot())
+        ret = self.engine.retention
+        return to_pb(dataclasses.replace(self.profile.snapshot(), retained_blocks=ret.blocks,
+                                         retained_came_back=ret.came_back))
 
     async def SubscribeEvents(self, request: pb.SubscribeRequest, context: Any
                               ) -> AsyncIterator[pb.EventBatch]:

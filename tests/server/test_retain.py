@@ -12,6 +12,7 @@ from kvstore import KVStoreClient
 from kvstore.client import AsyncKVStoreClient
 from kvstore.errors import InvalidArgument
 from kvstore.metrics import EngineCollector
+from kvstore.profile.text import format_profile
 from tests.blocks import make_chain
 
 KiB = 1024
@@ -38,6 +39,10 @@ def test_retain_protects_a_prefix_under_pressure_and_reports_it(server_factory):
         assert st.retained_returned >= 4 and st.tier("dram").evictions > 0
         with pytest.raises(InvalidArgument, match=r"retention\.max_ttl_s = 900"):
             c.retain("m", hashes, 3600)
+        # the profile: 8 distinct blocks retained, the 4 looked up came back
+        prof = c.profile()
+        assert (prof.retained_blocks, prof.retained_came_back) == (8, 4)
+        assert "came back while retained  4 (50.0%)" in format_profile(prof)
     registry = CollectorRegistry()
     registry.register(EngineCollector(srv.engine))
     text = srv.run(asyncio.to_thread(generate_latest, registry)).decode()

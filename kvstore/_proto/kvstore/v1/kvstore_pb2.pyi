@@ -492,7 +492,7 @@ class ProfileSessions(_message.Message):
     def __init__(self, sessions: _Optional[int] = ..., calls_per_session: _Optional[_Union[Distribution, _Mapping]] = ..., read_back_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., new_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., gap_seconds: _Optional[_Mapping[str, Distribution]] = ..., duration_seconds: _Optional[_Union[Distribution, _Mapping]] = ...) -> None: ...
 
 class ProfileResponse(_message.Message):
-    __slots__ = ("window_seconds", "requests", "block_tokens", "kv_bytes_per_token", "input_tokens", "output_tokens", "ratio", "context_tokens", "quadrants", "workloads", "span_seconds", "requests_per_minute", "per_minute", "bin_seconds", "bins", "peak", "trough", "peak_to_trough", "interarrival_cv", "reuse", "sessions", "notes")
+    __slots__ = ("window_seconds", "requests", "block_tokens", "kv_bytes_per_token", "input_tokens", "output_tokens", "ratio", "context_tokens", "quadrants", "workloads", "span_seconds", "requests_per_minute", "per_minute", "bin_seconds", "bins", "peak", "trough", "peak_to_trough", "interarrival_cv", "reuse", "sessions", "notes", "retained_blocks", "retained_came_back")
     class QuadrantsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -529,6 +529,8 @@ class ProfileResponse(_message.Message):
     REUSE_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
+    RETAINED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    RETAINED_CAME_BACK_FIELD_NUMBER: _ClassVar[int]
     window_seconds: float
     requests: int
     block_tokens: int
@@ -551,4 +553,6 @@ class ProfileResponse(_message.Message):
     reuse: ProfileReuse
     sessions: ProfileSessions
     notes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, window_seconds: _Optional[float] = ..., requests: _Optional[int] = ..., block_tokens: _Optional[int] = ..., kv_bytes_per_token: _Optional[float] = ..., input_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., output_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., ratio: _Optional[_Union[Distribution, _Mapping]] = ..., context_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., quadrants: _Optional[_Mapping[str, int]] = ..., workloads: _Optional[_Mapping[str, int]] = ..., span_seconds: _Optional[float] = ..., requests_per_minute: _Optional[float] = ..., per_minute: _Optional[_Union[Distribution, _Mapping]] = ..., bin_seconds: _Optional[float] = ..., bins: _Optional[int] = ..., peak: _Optional[int] = ..., trough: _Optional[int] = ..., peak_to_trough: _Optional[float] = ..., interarrival_cv: _Optional[float] = ..., reuse: _Optional[_Union[ProfileReuse, _Mapping]] = ..., sessions: _Optional[_Union[ProfileSessions, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
+    retained_blocks: int
+    retained_came_back: int
+    def __init__(self, window_seconds: _Optional[float] = ..., requests: _Optional[int] = ..., block_tokens: _Optional[int] = ..., kv_bytes_per_token: _Optional[float] = ..., input_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., output_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., ratio: _Optional[_Union[Distribution, _Mapping]] = ..., context_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., quadrants: _Optional[_Mapping[str, int]] = ..., workloads: _Optional[_Mapping[str, int]] = ..., span_seconds: _Optional[float] = ..., requests_per_minute: _Optional[float] = ..., per_minute: _Optional[_Union[Distribution, _Mapping]] = ..., bin_seconds: _Optional[float] = ..., bins: _Optional[int] = ..., peak: _Optional[int] = ..., trough: _Optional[int] = ..., peak_to_trough: _Optional[float] = ..., interarrival_cv: _Optional[float] = ..., reuse: _Optional[_Union[ProfileReuse, _Mapping]] = ..., sessions: _Optional[_Union[ProfileSessions, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ..., retained_blocks: _Optional[int] = ..., retained_came_back: _Optional[int] = ...) -> None: ...
