@@ -36,6 +36,10 @@ from kvstore.types import BlockKey
 
 __all__ = ["Retention", "RetentionLimits", "RetentionUsage", "Shielded"]
 
+#: Blocks asked for before they are stored, remembered at most (past it such an ask
+#: protects nothing: a client cannot grow the server's memory with hashes it never stores).
+MAX_PENDING = 1 << 18
+
 
 @dataclass(frozen=True, slots=True)
 class RetentionLimits:
@@ -148,7 +152,8 @@ class Retention:
         for key in keys:
             entry = index.get(key)
             if entry is None:
-                self._pending[key] = max(until, self._pending.get(key, 0.0))
+                if key in self._pending or len(self._pending) < MAX_PENDING:
+                    self._pending[key] = max(until, self._pending.get(key, 0.0))
                 continue
             if self._admit(entry, until, used, now):
                 protected += 1

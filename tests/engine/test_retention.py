@@ -14,7 +14,7 @@ from kvstore.engine.retention import RetentionLimits
 from kvstore.errors import InvalidArgument
 from kvstore.events import RecordingSink
 from kvstore.tiers.memory import MemoryTier
-from kvstore.types import Medium
+from kvstore.types import BlockKey, Medium
 
 from .test_engine import Clock, new_blocks
 
@@ -162,4 +162,20 @@ async def test_bad_ttls_are_refused_naming_the_limit() -> None:
     assert eng.retain("m", [blocks[0].block_hash], 60) == 1
     assert eng.retain("m", [blocks[0].block_hash], 0) == 0  # 0 ends the retention
     assert not eng.retention
+    await eng.close()
+
+
+async def test_asks_for_unstored_blocks_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvstore.engine import retention
+
+    monkeypatch.setattr(retention, "MAX_PENDING", 2)
+    clock = Clock()
+    eng = engine("lru", MemoryTier(32 * KiB, name="dram", medium=Medium.CPU), clock=clock)
+    await eng.start()
+    blocks = new_blocks(3, seed=1)
+    assert eng.retain("m", [b.block_hash for b in blocks], 60) == 0
+    await put(eng, "m", blocks)
+    # the first two asks were remembered and protect their blocks once stored; the third not
+    assert [eng.retention.active(BlockKey("m", b.block_hash), clock()) for b in blocks] == [
+        True, True, False]
     await eng.close()
