@@ -95,3 +95,15 @@ def test_bad_quotas_name_the_field(quotas, message):
         load_config(env={}, overrides={"quotas": [{"namespace_prefix": "a/", "dram": 1}] * 2})
     with pytest.raises(ConfigError, match=re.escape("quotas: expected an array of tables")):
         load_config(env={}, overrides={"quotas": {"namespace_prefix": "a/"}})
+
+
+def test_retention_section_is_typed_and_names_its_fields() -> None:
+    cfg = load_config(env={}, overrides={"retention": {"max_ttl_s": 600, "dram": "256MiB"}})
+    assert cfg.retention.max_ttl_s == 600.0 and cfg.retention.limits() == {"dram": 256 * 2**20}
+    assert load_config(env={"KVSTORE_RETENTION__FRACTION": "0.25"}).retention.fraction == 0.25
+    for bad, field in (({"max_ttl_s": -1}, "retention.max_ttl_s"),
+                       ({"fraction": 1.5}, "retention.fraction"),
+                       ({"dram": "lots"}, "retention.dram"),
+                       ({"ttl": 5}, "retention.ttl: unknown field")):
+        with pytest.raises(ConfigError, match=field):
+            load_config(env={}, overrides={"retention": bad})
