@@ -9,6 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kvstore import KVStoreClient
+from kvstore.cli import main as cli_main
 from kvstore.client import AsyncKVStoreClient
 from kvstore.errors import InvalidArgument
 from kvstore.metrics import EngineCollector
@@ -18,7 +19,7 @@ from tests.blocks import make_chain
 KiB = 1024
 
 
-def test_retain_protects_a_prefix_under_pressure_and_reports_it(server_factory):
+def test_retain_protects_a_prefix_under_pressure_and_reports_it(server_factory, capsys):
     srv = server_factory(dram={"capacity": "2MiB"}, disk={"enabled": False},
                          engine={"policy": "lru"}, retention={"max_ttl_s": 900.0, "dram": "512KiB"})
     system = make_chain(4, 64 * KiB, seed=1)
@@ -43,6 +44,10 @@ def test_retain_protects_a_prefix_under_pressure_and_reports_it(server_factory):
         prof = c.profile()
         assert (prof.retained_blocks, prof.retained_came_back) == (8, 4)
         assert "came back while retained  4 (50.0%)" in format_profile(prof)
+    assert cli_main(["stats", "--address", srv.address]) == 0
+    out = capsys.readouterr().out
+    assert "retained by 'm' in dram: 524,288 / 524,288 bytes" in out
+    assert "retention: granted 8  refused 4" in out
     registry = CollectorRegistry()
     registry.register(EngineCollector(srv.engine))
     text = srv.run(asyncio.to_thread(generate_latest, registry)).decode()
