@@ -97,3 +97,13 @@ def test_the_router_scores_either_vocabulary_as_disk_and_remote(media: str) -> N
     index.apply("disk-pod", [e for e in events if isinstance(e, wire.BlockRemoved)])
     assert index.blocks("disk-pod") == set()
     assert h_disk == [block_hash_to_int(chain(list(range(96)), 32)[1].key.block_hash)]
+
+
+def test_the_events_tail_shows_locality_ownership_and_session() -> None:
+    from kvstore.events.cli import format_event
+
+    ev = wire.stored([1], None, [0] * 16, 16, "STORAGE", locality="REMOTE", ownership="redis",
+                     session_id="s1")
+    line = format_event(3, 1.0, ev)
+    assert "medium=STORAGE" in line and "locality=REMOTE ownership=redis session_id=s1" in line
+    assert "locality" not in format_event(4, 1.0, wire.removed([1], "DISK"))
