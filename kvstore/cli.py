@@ -90,6 +90,12 @@ def _stats(args: argparse.Namespace) -> int:
     for q in st.quotas:
         print(f"  quota {q.namespace_prefix!r} in {q.tier}: {q.used_bytes:,d} / "
               f"{q.limit_bytes:,d} bytes  evictions {q.evictions:,d}  refused {q.refused:,d}")
+    for r in st.retention:
+        print(f"  retained by {r.tenant!r} in {r.tier}: {r.retained_bytes:,d} / "
+              f"{r.limit_bytes:,d} bytes")
+    if st.retained_granted:
+        print(f"  retention: granted {st.retained_granted:,d}  refused {st.retained_refused:,d}  "
+              f"hits while retained {st.retained_returned:,d}  evicted {st.retained_evicted:,d}")
     return 0
 
 

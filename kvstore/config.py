@@ -26,6 +26,10 @@ Example ``kvstore.toml``::
     dram = "512MiB"
     disk = "20GiB"
 
+    [retention]                  # cache_ttl_s / Retain: soft protection per tenant
+    max_ttl_s = 3600.0
+    dram = "256MiB"              # bytes a tenant may retain per tier (default: fraction)
+
     [auth]                       # bearer tokens / client certificates -> tenants
     tenants_file = "/etc/kvstore/tenants.toml"
 
@@ -51,8 +55,8 @@ from kvstore.errors import ConfigError
 from kvstore.security.config import AuthConfig, TlsConfig
 
 __all__ = ["AuthConfig", "Config", "DiskConfig", "DramConfig", "EngineConfig", "QuotaConfig",
-           "RedisConfig", "ServerConfig", "TlsConfig", "build_section", "load_config",
-           "parse_size"]
+           "RedisConfig", "RetentionConfig", "ServerConfig", "TlsConfig", "build_section",
+           "load_config", "parse_size"]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -383,6 +387,33 @@ class QuotaConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RetentionConfig:
+    """Retention (a client's ``cache_ttl_s`` / the Retain RPC): the longest TTL a client
+    may ask for, and each tenant's retention quota per tier. A tenant is a
+    ``[[quotas]]`` prefix, or else one namespace. ``dram`` / ``disk`` / ``redis``: the
+    bytes a tenant may retain there; 0 = ``fraction`` of the tier's capacity."""
+
+    max_ttl_s: float = 3600.0
+    fraction: float = 0.5
+    dram: int = 0
+    disk: int = 0
+    redis: int = 0
+
+    def limits(self) -> dict[str, int]:
+        return {t: v for t, v in (("dram", self.dram), ("disk", self.disk),
+                                  ("redis", self.redis)) if v > 0}
+
+    def validate(self) -> None:
+        if not (isinstance(self.max_ttl_s, int | float) and 0 <= self.max_ttl_s <= 86_400 * 7):
+            raise ConfigError(f"retention.max_ttl_s: must be in [0, 604800] seconds (0: no "
+                              f"retention), got {self.max_ttl_s!r}")
+        if not (isinstance(self.fraction, int | float) and 0 <= self.fraction <= 1):
+            raise ConfigError(
+                f"retention.fraction: must be in [0, 1] (a share of each tier's capacity), "
+                f"got {self.fraction!r}")
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     data_dir: str = "./kvstore-data"
     log_level: str = "INFO"
@@ -393,6 +424,7 @@ class Config:
     redis: RedisConfig = field(default_factory=RedisConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
     #: Event stream settings, validated by kvstore.events (kept raw here so the
     #: events package owns its own schema).
     events: Mapping[str, Any] = field(default_factory=dict)
@@ -409,7 +441,7 @@ class Config:
                 f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}"
             )
         for part in (self.server, self.dram, self.disk, self.engine, self.redis, self.auth,
-                     self.tls):
+                     self.tls, self.retention):
             part.validate()
         if not (self.dram.enabled or self.disk.enabled or self.redis.enabled):
             raise ConfigError(
@@ -440,7 +472,8 @@ class Config:
 _SIZE_FIELDS = {"capacity", "max_block_bytes", "max_message_bytes", "chunk_bytes",
                 "segment_size", "dram", "disk", "redis"}
 _SECTIONS = {"server": ServerConfig, "dram": DramConfig, "disk": DiskConfig,
-             "engine": EngineConfig, "redis": RedisConfig, "auth": AuthConfig, "tls": TlsConfig}
+             "engine": EngineConfig, "redis": RedisConfig, "auth": AuthConfig, "tls": TlsConfig,
+             "retention": RetentionConfig}
 
 
 def _coerce(section: str, name: str, ftype: Any, value: Any) -> Any:

@@ -92,6 +92,7 @@ class EngineCollector(Collector):
                                 "Slots of expired reservations not yet reusable",
                                 value=eng.leases.quarantined)
         yield from self._quotas()
+        yield from self._retention()
 
     def _quotas(self) -> Iterator[Any]:
         """Per-tenant quotas (``[[quotas]]``): nothing when none is configured."""
@@ -112,6 +113,25 @@ class EngineCollector(Collector):
             ev.add_metric([u.prefix, u.tier], u.evictions)
             refused.add_metric([u.prefix, u.tier], u.refused)
         yield from (limit, used, ev, refused)
+
+    def _retention(self) -> Iterator[Any]:
+        """Retention (cache_ttl_s / Retain): bytes per (tenant, tier) and its counters."""
+        eng = self.engine
+        ret = eng.retention
+        held = GaugeMetricFamily("kvstore_retained_bytes",
+                                 "Bytes of a tenant's retained blocks in a tier",
+                                 labels=["tenant", "tier"])
+        for u in ret.usage(eng.index, eng.clock()):
+            held.add_metric([u.tenant, u.tier], u.retained_bytes)
+        yield held
+        for name, value, doc in (
+                ("granted", ret.granted, "Blocks a retain protected"),
+                ("refused", ret.refused, "Blocks a retain could not protect (retention quota)"),
+                ("returned", ret.returned, "Lookup hits on blocks while they were retained"),
+                ("evicted", ret.evicted, "Retained blocks evicted (demoted) before their TTL")):
+            c = CounterMetricFamily(f"kvstore_retained_{name}", doc)
+            c.add_metric([], value)
+            yield c
 
 
     def _failed_copies(self) -> Iterator[Any]:

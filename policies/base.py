@@ -35,6 +35,10 @@ Optional, with defaults that make an LRU-like cache:
   or ``None`` to drop it. Default: the next tier.
 * ``on_hint(hint, keys, now) -> moves``: a turn or session event; ``keys`` are the
   session's blocks with the fastest tier each is in. Default: nothing.
+* ``on_retain(keys, until, now)``: a client retained ``keys`` until ``until`` (its
+  statement of their next use). The engine protects them itself (retained blocks
+  are never a policy's victims while within their tenant's retention quota, and go
+  last); a policy may use the deadline to rank the rest. Default: nothing.
 
 Call order within one request: ``on_request``, then ``on_access`` for each hit
 and ``on_insert`` for each block stored, from the last block to the first
@@ -195,6 +199,10 @@ class Policy(ABC):
     def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:
         """``keys`` are the session's blocks with the fastest tier each is in."""
         return []
+
+    def on_retain(self, keys: Sequence[Hashable], until: float, now: float) -> None:
+        """A client says ``keys`` are used again before ``until``."""
+        return None
 
     # -- per-tier bookkeeping and eviction order -------------------------------
     @abstractmethod

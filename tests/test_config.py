@@ -117,3 +117,15 @@ def test_dram_segment_mode_and_group():
 def test_bad_dram_segment_settings_name_the_field(dram, message):
     with pytest.raises(ConfigError, match=message):
         load_config(env={}, overrides={"dram": dram})
+
+
+def test_retention_section_is_typed_and_names_its_fields() -> None:
+    cfg = load_config(env={}, overrides={"retention": {"max_ttl_s": 600, "dram": "256MiB"}})
+    assert cfg.retention.max_ttl_s == 600.0 and cfg.retention.limits() == {"dram": 256 * 2**20}
+    assert load_config(env={"KVSTORE_RETENTION__FRACTION": "0.25"}).retention.fraction == 0.25
+    for bad, field in (({"max_ttl_s": -1}, "retention.max_ttl_s"),
+                       ({"fraction": 1.5}, "retention.fraction"),
+                       ({"dram": "lots"}, "retention.dram"),
+                       ({"ttl": 5}, "retention.ttl: unknown field")):
+        with pytest.raises(ConfigError, match=field):
+            load_config(env={}, overrides={"retention": bad})

@@ -9,6 +9,7 @@ same prefix (the full plugin name, e.g. ``kvstore.primary``, or its type
     remote_storage_plugin.kvstore.address: "127.0.0.1:50051"
     remote_storage_plugin.kvstore.tenant: "acme"
     remote_storage_plugin.kvstore.timeout_s: 2.0
+    remote_storage_plugin.kvstore.cache_ttl_s: 300   # retain what it stores, 5 min
 
 Every setting is optional. An unknown key under the prefix or a value of the wrong
 type is refused with a :class:`~kvstore.errors.ConfigError` naming the key and what
@@ -63,6 +64,10 @@ class PluginConfig:
     #: then makes no round trip. A contains that no get follows holds them this long.
     #: 0: a contains only looks up.
     hold_ahead_s: float = 1.0
+    #: Retain every chunk the plugin stores for this many seconds (the sidecar's
+    #: retention: soft protection within the tenant's retention quota, up to the
+    #: sidecar's ``retention.max_ttl_s``). 0: no retention.
+    cache_ttl_s: float = 0.0
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None,
@@ -100,6 +105,9 @@ class PluginConfig:
         if not 0 <= self.hold_ahead_s <= 60:
             raise ConfigError(f"hold_ahead_s must be between 0 and 60 s, got "
                               f"{self.hold_ahead_s!r}")
+        if not 0 <= self.cache_ttl_s <= 7 * 86_400:
+            raise ConfigError(f"cache_ttl_s must be between 0 and 604800 s (0: no retention), "
+                              f"got {self.cache_ttl_s!r}")
         if self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads!r}")
         if not self.tenant:

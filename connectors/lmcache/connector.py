@@ -108,6 +108,7 @@ class KVStoreRemoteConnector(RemoteConnector):
         self._pool = concurrent.futures.ThreadPoolExecutor(
             settings.threads, thread_name_prefix="kvstore-lmcache")
         self._workload = settings.workload
+        self._cache_ttl_s = settings.cache_ttl_s
         #: LMCache files what a batched get returns in its local CPU cache when it
         #: has one; then the objects must be its own memory, not a leased slot.
         self.zero_copy = settings.zero_copy and not getattr(config, "local_cpu", True)
@@ -190,6 +191,10 @@ class KVStoreRemoteConnector(RemoteConnector):
                                     memoryview(objs[i].byte_array).cast("B")) for i in run]
                 stored += self.link.call("put", lambda c, ns=ns, blocks=blocks: int(
                     c.put(ns, blocks, workload=self._workload)), 0)
+                if self._cache_ttl_s > 0:
+                    hashes = [b.block_hash for b in blocks]
+                    self.link.call("retain", lambda c, ns=ns, hashes=hashes: c.retain(
+                        ns, hashes, self._cache_ttl_s), 0)
         finally:
             _release(objs)  # the references batched_put took for this thread
         return stored

@@ -5,6 +5,9 @@ so removals and ``AllBlocksCleared`` are exact. Copies are counted because vLLM
 does not de-duplicate blocks: two physical blocks can cache one hash, each
 announced by its own ``BlockStored`` and dropped by its own ``BlockRemoved``.
 Media are lower-cased (as llm-d does); an event without a medium is ``gpu``.
+vLLM 0.33's ``STORAGE`` is read by its ``locality``: ``disk`` when ``LOCAL``,
+``remote`` when ``REMOTE`` (:func:`kvstore.events.media.tier_medium`), so both
+vocabularies index (and score) a tier under one name.
 ``AllBlocksCleared`` forgets everything the pod held, on every tier.
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from kvstore.events.media import tier_medium
 from kvstore.events.wire import (
     AllBlocksCleared,
     BlockRemoved,
@@ -23,10 +27,6 @@ from kvstore.events.wire import (
 __all__ = ["PrefixIndex"]
 
 
-def _medium(value: str | None) -> str:
-    return value.lower() if value else "gpu"
-
-
 class PrefixIndex:
     def __init__(self) -> None:
         self._by_hash: dict[ExternalBlockHash, dict[str, set[str]]] = {}
@@ -36,9 +36,9 @@ class PrefixIndex:
     def apply(self, pod: str, events: Iterable[KVCacheEvent]) -> None:
         for event in events:
             if isinstance(event, BlockStored):
-                self.add(pod, _medium(event.medium), event.block_hashes)
+                self.add(pod, tier_medium(event.medium, event.locality), event.block_hashes)
             elif isinstance(event, BlockRemoved):
-                self.remove(pod, _medium(event.medium), event.block_hashes)
+                self.remove(pod, tier_medium(event.medium, event.locality), event.block_hashes)
             elif isinstance(event, AllBlocksCleared):
                 self.clear_pod(pod)
 

@@ -18,6 +18,9 @@ cpu       0.8     one host-to-device copy (PCIe/NVLink, tens of GB/s)
 disk      0.5     NVMe read plus the copy; long prefixes still win clearly
 remote    0.3     network fetch (Redis); worth it for long prefixes only
 ========  ======  ==========================================================
+
+vLLM 0.33's ``STORAGE`` reaches the scorer as ``disk`` (``LOCAL``) or ``remote``
+(``REMOTE``): the index names media by tier (:mod:`.index`).
 """
 
 from __future__ import annotations

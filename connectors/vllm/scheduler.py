@@ -337,6 +337,11 @@ class SchedulerSide:
             self._hint_after_saves[request.request_id] = _PendingHint(turn, left)
         elif self.config.hints:
             self._hints.submit(self._send_hint, turn, request.request_id)
+        if turn.cache_ttl_s and request.block_hashes:
+            # Blocks still being saved are protected once they land (the sidecar keeps
+            # the ask until then).
+            self._hints.submit(self._send_retain, [bytes(h) for h in request.block_hashes],
+                               turn.cache_ttl_s)
         bs = self.block_size
         params = {
             "kvstore": {
@@ -356,6 +361,7 @@ class SchedulerSide:
                 "save_failed_blocks": tracked.save_failed_blocks,
                 "held_ms": hold_ms,
                 "keep_ms": tracked.keep_ms,  # what the policy decided
+                "cache_ttl_s": turn.cache_ttl_s,
                 "held_blocks": sum(n for n, _ in self._held.values()),
                 "held_blocks_max": self.held_blocks_max,
                 "hold_budget_blocks": self.hold_budget,
@@ -409,6 +415,12 @@ class SchedulerSide:
             moves,
             (time.monotonic() - started) * 1e3,
         )
+
+    def _send_retain(self, hashes: list[bytes], ttl_s: float) -> None:
+        protected = self.link.call("retain", lambda c: c.retain(self.namespace, hashes, ttl_s),
+                                   0)
+        logger.debug("kvstore: retained %d of %d blocks for %.0f s", protected, len(hashes),
+                     ttl_s)
 
     def shutdown(self) -> None:
         for req_id in list(self._hint_after_saves):

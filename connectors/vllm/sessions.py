@@ -6,6 +6,11 @@ A client says who a request belongs to and what comes after it::
         "session_id": "conv-42", "workload": "agent",
         "after": "tool_call", "tool": "search", "expected_gap_ms": 800}})
 
+``cache_ttl_s`` retains the request's blocks in the sidecar for that many seconds
+(like ``cache_control``: a system prompt and tool schemas for an hour, a
+conversation for five minutes): soft protection, within the tenant's retention
+quota (see the README's Retention section).
+
 ``after`` is what the session waits for once this turn's answer is out:
 ``"user"`` (a person replies; the default), ``"tool_call"`` (a tool runs and
 its result comes back as the next turn), ``"end"`` (the session is over).
@@ -51,6 +56,8 @@ class TurnInfo:
     tool: str | None = None
     expected_gap_ms: float | None = None
     inferred: bool = False
+    #: Seconds to retain the request's blocks for (``cache_ttl_s``; None: not asked).
+    cache_ttl_s: float | None = None
 
 
 def _str_param(params: Mapping[str, Any], key: str) -> str | None:
@@ -58,9 +65,10 @@ def _str_param(params: Mapping[str, Any], key: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _gap_param(params: Mapping[str, Any]) -> float | None:
-    value = params.get("expected_gap_ms")
-    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+def _gap_param(params: Mapping[str, Any], key: str = "expected_gap_ms") -> float | None:
+    value = params.get(key)
+    if (isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+            and value == value and value != float("inf")):
         return float(value)
     return None
 
@@ -104,6 +112,7 @@ class SessionTracker:
             tool=_str_param(params, "tool"),
             expected_gap_ms=_gap_param(params),
             inferred=inferred,
+            cache_ttl_s=_gap_param(params, "cache_ttl_s"),
         )
 
     def _continued(self, block_hashes: Sequence[bytes]) -> tuple[str, str] | None:

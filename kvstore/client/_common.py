@@ -142,6 +142,16 @@ class QuotaStat:
 
 
 @dataclass(frozen=True, slots=True)
+class RetentionStat:
+    """What a tenant (its quota prefix, or the namespace) retains in one tier."""
+
+    tenant: str
+    tier: str
+    retained_bytes: int
+    limit_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class Stats:
     tiers: tuple[TierStat, ...]
     blocks: int
@@ -167,6 +177,12 @@ class Stats:
     policy: str = ""
     #: Every quota for an admin; a tenant's own quotas for a tenant.
     quotas: tuple[QuotaStat, ...] = ()
+    #: Retained bytes per (tenant, tier), and the retention counters.
+    retention: tuple[RetentionStat, ...] = ()
+    retained_granted: int = 0
+    retained_refused: int = 0
+    retained_returned: int = 0
+    retained_evicted: int = 0
 
     @classmethod
     def from_pb(cls, r: pb.StatsResponse) -> Stats:
@@ -184,6 +200,10 @@ class Stats:
             quarantined_slots=r.quarantined_slots, policy=r.policy,
             quotas=tuple(QuotaStat(q.namespace_prefix, q.tier, q.limit_bytes, q.used_bytes,
                                    q.evictions, q.refused) for q in r.quotas),
+            retention=tuple(RetentionStat(u.tenant, u.tier, u.retained_bytes, u.limit_bytes)
+                            for u in r.retention),
+            retained_granted=r.retained_granted, retained_refused=r.retained_refused,
+            retained_returned=r.retained_returned, retained_evicted=r.retained_evicted,
         )
 
     def tier(self, name: str) -> TierStat:

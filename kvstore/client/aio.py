@@ -255,6 +255,12 @@ class AsyncKVStoreClient:
             namespace=namespace, block_hashes=[bytes(h) for h in hashes]))
         return int(resp.deleted)
 
+    async def retain(self, namespace: str, hashes: Sequence[bytes], ttl_s: float) -> int:
+        """See :meth:`kvstore.client.KVStoreClient.retain`."""
+        resp = await self._call(self._stub.Retain, pb.RetainRequest(
+            namespace=namespace, block_hashes=[bytes(h) for h in hashes], ttl_s=ttl_s))
+        return int(resp.protected)
+
     async def hint(self, session_id: str, event: str, workload: str | None = None,
                    tool: str | None = None, expected_gap_ms: float | None = None,
                    namespace: str | None = None, *, request_id: str | None = None,

@@ -230,6 +230,15 @@ class KVStoreClient(InPlace):
             namespace=namespace, block_hashes=[bytes(h) for h in hashes]))
         return int(resp.deleted)
 
+    def retain(self, namespace: str, hashes: Sequence[bytes], ttl_s: float) -> int:
+        """Keep the blocks for ``ttl_s`` seconds, softly (evicted after every unretained
+        block of their tier, demoted rather than dropped; within the tenant's retention
+        quota and the server's ``retention.max_ttl_s``); ``ttl_s`` 0 ends it. Blocks not
+        stored yet are protected once stored. Returns how many it protects now."""
+        resp = self._call(self._stub.Retain, pb.RetainRequest(
+            namespace=namespace, block_hashes=[bytes(h) for h in hashes], ttl_s=ttl_s))
+        return int(resp.protected)
+
     def hint(self, session_id: str, event: str, workload: str | None = None,
              tool: str | None = None, expected_gap_ms: float | None = None,
              namespace: str | None = None, *, request_id: str | None = None,

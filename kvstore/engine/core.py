@@ -29,6 +29,7 @@ from kvstore.engine.index import Entry, reachable
 from kvstore.engine.mover import Transfer
 from kvstore.engine.quotas import Quota
 from kvstore.engine.requests import UNPLANNED, OpenRequest, Requests
+from kvstore.engine.retention import RetentionLimits
 from kvstore.engine.sessions import Sessions
 from kvstore.engine.writeback import WriteBack
 from kvstore.errors import InvalidArgument, TierFull, Unavailable
@@ -88,8 +89,10 @@ class Engine(WriteBack):
         bandwidth: Mapping[str, float] | None = None,
         quotas: Sequence[Quota] = (),
         max_write_delay_s: float | None = None,
+        retention: RetentionLimits | None = None,
     ) -> None:
-        super().__init__(tiers, policy, events or NullSink(), clock, write_back, quotas)
+        super().__init__(tiers, policy, events or NullSink(), clock, write_back, quotas,
+                         retention)
         #: The recovery point: with a persistent tier, every new block in a faster one
         #: is queued for write-back there this long after its put (at the first sweep
         #: after), whatever the policy's own write-back decided; None: no such bound.
@@ -173,6 +176,7 @@ class Engine(WriteBack):
             if isinstance(tier, SlotTier):
                 tier.abort(r.slot)
         self.sessions.expire(now)
+        self.retention.expire(now)
         self.queue_recovery_point()
 
     def set_geometry(self, namespace: str, block_bytes: int, block_tokens: int,
@@ -307,6 +311,9 @@ class Engine(WriteBack):
             self._schedule(plan.moves, "plan")
         st = self.stats
         st.tier_hits.update(e.tiers[0] for e in hit[:served])
+        if self.retention:
+            for e in hit[:served]:
+                self.retention.on_hit(e.key, now)
         st.lookups += 1
         st.lookup_hit_blocks += served
         st.lookup_miss_blocks += len(hashes) - served
@@ -568,6 +575,7 @@ class Engine(WriteBack):
         to_free: list[tuple[BlockKey, str]] = []
         for entry in entries:
             self.requests.forget(entry.key)
+            self.retention.forget(entry.key)
             for tier_name in list(entry.tiers):
                 self.index.remove_location(entry.key, tier_name)
                 self.policy.on_remove(entry.key, tier_name)
@@ -606,3 +614,16 @@ class Engine(WriteBack):
             free = set(self.sessions.end(session))
             moves = [m for m in moves if m.dst is not None or m.key in free]
         return self._schedule(moves, f"hint:{hint.event}")
+
+    def retain(self, namespace: str, hashes: Sequence[bytes], ttl_s: float) -> int:
+        """Keep the blocks for ``ttl_s`` seconds, softly (:mod:`kvstore.engine.retention`);
+        ``ttl_s`` 0 ends their retention. Blocks not stored yet are protected when they
+        are. Returns how many of them it protects now. The policy is told the deadline
+        as the client's statement of their next use."""
+        hashes = self.check_hashes(namespace, hashes)
+        keys = [BlockKey(namespace, h) for h in dict.fromkeys(hashes)]
+        now = self.clock()
+        protected = self.retention.retain(keys, self.index, ttl_s, now)
+        if ttl_s > 0:
+            self.policy.on_retain(keys, now + ttl_s, now)
+        return protected

@@ -7,7 +7,10 @@ copy between tiers checks the source bytes against their checksum; a
 dropped copy's bytes are freed only once no reader, copy or request still holds
 them (a slot is never reused under a lease); every change tells the policy and
 the event stream. A persistent tier takes a block only once it holds the block's
-whole prefix, so what it reports stored is reachable after a restart.
+whole prefix, so what it reports stored is reachable after a restart. Retention
+(:mod:`kvstore.engine.retention`) is applied here too, once for every policy:
+retained blocks are shielded from the policy's victims, go last (demoted, oldest
+deadline first), and the policy's own drops skip them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from kvstore.engine.index import Entry, Index
 from kvstore.engine.leases import Leases
 from kvstore.engine.mover import Mover, Transfer
 from kvstore.engine.quotas import OtherTenants, Quota, Quotas
+from kvstore.engine.retention import Retention, RetentionLimits, Shielded
 from kvstore.engine.stats import EngineStats
 from kvstore.errors import (
     BlockNotFound,
@@ -72,7 +76,8 @@ class Placement:
 
     def __init__(self, tiers: Sequence[Tier], policy: Policy, events: EventSink,
                  clock: Callable[[], float], write_back: bool,
-                 quotas: Sequence[Quota] = ()) -> None:
+                 quotas: Sequence[Quota] = (),
+                 retention: RetentionLimits | None = None) -> None:
         if not tiers:
             raise ValueError("the engine needs at least one tier")
         self.tiers: dict[str, Tier] = {t.name: t for t in tiers}
@@ -89,6 +94,9 @@ class Placement:
         self.quotas = Quotas(quotas)
         if self.quotas:
             self.index.on_bytes = self.quotas.charge
+        self.retention = Retention(
+            retention or RetentionLimits(), {n: t.capacity_bytes for n, t in self.tiers.items()},
+            self._tenant)
         self.leases = Leases()
         self.stats = EngineStats()
         self.mover = Mover(self.run_transfer)
@@ -115,6 +123,11 @@ class Placement:
         self.recovery: RecoveryPoint | None = None
 
     # -- protection -----------------------------------------------------------------
+    def _tenant(self, namespace: str) -> str:
+        """The tenant a namespace belongs to: its quota's prefix, or itself."""
+        q = self.quotas.quota_of(namespace) if self.quotas else None
+        return q.prefix if q is not None else namespace
+
     def free_pending(self, key: BlockKey) -> bool:
         """True while a dropped copy of ``key`` is still held: storing it again now
         would race the deferred free, so writers skip it this time."""
@@ -163,7 +176,7 @@ class Placement:
         for _ in range(_MAX_EVICTION_ROUNDS):
             need = max(size - (tier.capacity_bytes - tier.used_bytes), 1)
             now = self.clock()
-            victims = self.policy.evict(tier_name, need, protected, now)
+            victims = self._victims(tier_name, need, protected, now)
             if not victims:
                 break
             await self._evict(victims, tier_name, now, extra)
@@ -172,6 +185,26 @@ class Placement:
         raise TierFull(
             f"tier {tier_name!r} is full ({tier.used_bytes}/{tier.capacity_bytes} bytes) "
             f"and nothing evictable frees {size} bytes: the rest is pinned or in flight")
+
+    def _victims(self, tier_name: str, need: int, protected: Protected,
+                 now: float) -> Sequence[Hashable] | None:
+        """The policy's victims with retained blocks shielded; when it finds none, the
+        retained blocks that must go (the oldest deadline first), as few as the
+        unshielded bytes leave short."""
+        retention = self.retention
+        shield = retention.shield(tier_name, self.index, now) if retention else frozenset()
+        victims: Sequence[Hashable] | None = self.policy.evict(
+            tier_name, need, Shielded(protected, shield) if shield else protected, now)
+        if victims or not shield:
+            return victims
+        index = self.index
+        shielded = sum(e.meta.size for k in shield if (e := index.get(k)) is not None)
+        short = need - (self.tiers[tier_name].used_bytes - shielded)
+        return retention.victims(tier_name, index, max(short, 1), protected, now)
+
+    def _next_tier(self, tier_name: str) -> str | None:
+        i = self._rank[tier_name] + 1
+        return self.order[i] if i < len(self.order) else None
 
     def fits_quota(self, namespace: str, tier_name: str, size: int) -> bool:
         return not self.quotas or self.quotas.excess(namespace, tier_name, size) == 0
@@ -220,6 +253,9 @@ class Placement:
             if entry is None or tier_name not in entry.tiers:
                 continue
             dst = self.policy.demote_to(key, tier_name, now)
+            if self.retention.active(key, now):
+                self.retention.evicted += 1
+                dst = dst or self._next_tier(tier_name)  # retained: demoted, never dropped
             if dst is not None and dst not in entry.tiers:
                 try:
                     await self.copy(entry, tier_name, dst, extra)
@@ -284,8 +320,10 @@ class Placement:
         info = entry.info
         if info is None:
             info = entry.info = block_info(meta)
-        self.policy.on_insert(info, tier_name, self.clock())
+        now = self.clock()
+        self.policy.on_insert(info, tier_name, now)
         self.events.block_stored((meta,), self._medium[tier_name])
+        self.retention.on_stored(entry, self.index, now)
         return entry
 
     async def copy(self, entry: Entry, src: str, dst: str,
@@ -418,9 +456,12 @@ class Placement:
         A move up (a prefetch) keeps the slower copy, as write-back would make it."""
         n = 0
         rank = self._rank
+        now = self.clock()
         for m in moves:
             if not isinstance(m.key, BlockKey):
                 continue
+            if m.dst is None and self.retention.active(m.key, now):
+                continue  # retained: the policy's drop waits for the deadline
             entry = self.index.get(m.key)
             srcs = list(entry.tiers) if (m.dst is None and entry is not None) else [m.src]
             for src in srcs:

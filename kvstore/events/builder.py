@@ -5,6 +5,10 @@ other (each block's parent is the previous block, same block size) become one
 ``BlockStored``, as vLLM emits one event per run of newly cached blocks; any
 other call ends the run, so event order is call order.
 
+Media are spelled in the configured vocabulary (:mod:`kvstore.events.media`); a
+run also ends where the session changes, so each ``BlockStored`` carries the
+``session_id`` of the request that stored its blocks.
+
 With ``include_token_ids=False`` every ``BlockStored`` (ours and re-published
 foreign ones) carries an empty ``token_ids`` list: the same wire shape vLLM's
 decoder reads, ``block_size`` still the real tokens per block, but no prompt
@@ -19,6 +23,7 @@ from collections.abc import Sequence
 import msgspec
 
 from kvstore.events import wire
+from kvstore.events.media import wire_medium
 from kvstore.types import BlockKey, BlockMeta, Medium
 
 __all__ = ["EventBuilder"]
@@ -33,8 +38,10 @@ class EventBuilder:
         hash_format: wire.HashFormat,
         *,
         include_token_ids: bool = True,
+        media: wire.MediaVocabulary = "storage",
     ) -> None:
         self.encoding = encoding
+        self.media: wire.MediaVocabulary = media
         self.hash_format = hash_format
         self.include_token_ids = include_token_ids
         self.events: list[wire.KVCacheEvent] = []
@@ -56,9 +63,9 @@ class EventBuilder:
         for meta in metas:
             if run:
                 prev = run[-1]
-                if meta.parent_hash != prev.key.block_hash or len(meta.token_ids) != len(
-                    prev.token_ids
-                ):
+                if (meta.parent_hash != prev.key.block_hash
+                        or len(meta.token_ids) != len(prev.token_ids)
+                        or meta.session_id != prev.session_id):
                     self._end_run()
             run.append(meta)
         self.blocks += len(metas)
@@ -81,18 +88,25 @@ class EventBuilder:
             tokens = list(first.token_ids)
         else:
             tokens = list(itertools.chain.from_iterable(m.token_ids for m in run))
-        medium = self._run_medium.value if self._run_medium else None
+        medium: str | None = None
+        locality = ownership = None
+        if self._run_medium is not None:
+            medium, locality, ownership = wire_medium(self._run_medium, self.media)
         self.events.append(
-            self._stored_cls(hashes, parent, tokens, len(first.token_ids), None, medium, None)
+            self._stored_cls(hashes, parent, tokens, len(first.token_ids), None, medium, None,
+                             locality=locality, ownership=ownership,
+                             session_id=first.session_id or None)
         )
         run.clear()
 
     def removed(self, keys: Sequence[BlockKey], medium: Medium) -> None:
         self._end_run()
         self.blocks += len(keys)
+        name, locality, ownership = wire_medium(medium, self.media)
         self.events.append(
             wire.removed(
-                self._hashes([k.block_hash for k in keys]), medium.value, encoding=self.encoding
+                self._hashes([k.block_hash for k in keys]), name, encoding=self.encoding,
+                locality=locality, ownership=ownership,
             )
         )
 

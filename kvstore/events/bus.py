@@ -223,7 +223,8 @@ class EventBus:
             return None
         cfg = self.config
         builder = EventBuilder(
-            cfg.encoding, cfg.hash_format, include_token_ids=cfg.include_token_ids
+            cfg.encoding, cfg.hash_format, include_token_ids=cfg.include_token_ids,
+            media=cfg.media,
         )
         pending = self._pending
         while pending:

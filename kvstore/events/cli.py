@@ -31,6 +31,14 @@ def _hash(value: wire.ExternalBlockHash | None) -> str | int | None:
     return value.hex() if isinstance(value, bytes) else value
 
 
+def _where(record: dict[str, Any], locality: str | None, ownership: str | None) -> None:
+    """vLLM 0.33's locality / ownership, when the event carries them."""
+    if locality:
+        record["locality"] = locality
+    if ownership:
+        record["ownership"] = ownership
+
+
 def format_event(seq: int, ts: float, event: wire.KVCacheEvent, as_json: bool = False) -> str:
     record: dict[str, Any] = {"seq": seq, "ts": round(ts, 6), "type": type(event).__name__}
     if isinstance(event, wire.BlockStored):
@@ -44,9 +52,13 @@ def format_event(seq: int, ts: float, event: wire.KVCacheEvent, as_json: bool = 
         )
         if event.lora_name:
             record["lora_name"] = event.lora_name
+        _where(record, event.locality, event.ownership)
+        if event.session_id:
+            record["session_id"] = event.session_id
     elif isinstance(event, wire.BlockRemoved):
         record["type"] = "BlockRemoved"
         record.update(medium=event.medium, blocks=[_hash(h) for h in event.block_hashes])
+        _where(record, event.locality, event.ownership)
     else:
         record["type"] = "AllBlocksCleared"
     if as_json:

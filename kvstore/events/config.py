@@ -9,7 +9,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvstore.errors import ConfigError
-from kvstore.events.wire import ENCODINGS, HASH_FORMATS, Encoding, HashFormat
+from kvstore.events.wire import (
+    ENCODINGS,
+    HASH_FORMATS,
+    MEDIA,
+    Encoding,
+    HashFormat,
+    MediaVocabulary,
+)
 
 __all__ = ["DEFAULT_MODEL", "ENDPOINT_MODES", "EventsConfig", "is_bind_endpoint"]
 
@@ -43,7 +50,10 @@ class EventsConfig:
     authentication of both sockets (see ``kvstore.events.curve``).
     ``ingest_endpoint`` is the SUB socket the sidecar binds for its vLLM
     worker's own events (vLLM connects to it when its endpoint has no ``*``);
-    empty disables ingest.
+    empty disables ingest. ``media`` is the vocabulary of medium names:
+    ``storage`` (vLLM >= 0.33: ``GPU`` / ``CPU`` / ``STORAGE`` with ``locality`` and
+    ``ownership``; the default, what a router on the current vLLM reads) or
+    ``tiers`` (``DISK`` / ``REMOTE``, for routers on older vLLM releases).
     """
 
     enabled: bool = True
@@ -60,6 +70,7 @@ class EventsConfig:
     curve_client_keys_dir: str = ""
     encoding: Encoding = "map"
     hash_format: HashFormat = "int"
+    media: MediaVocabulary = "storage"
     buffer_steps: int = 10_000
     hwm: int = 100_000
     data_parallel_rank: int = 0
@@ -128,6 +139,10 @@ class EventsConfig:
             raise ConfigError(
                 f"events.hash_format must be one of {', '.join(HASH_FORMATS)}; "
                 f"got {self.hash_format!r}"
+            )
+        if self.media not in MEDIA:
+            raise ConfigError(
+                f"events.media must be one of {', '.join(MEDIA)}; got {self.media!r}"
             )
         for name in ("endpoint", "replay_endpoint", "ingest_endpoint", "ingest_replay_endpoint"):
             value = getattr(self, name)

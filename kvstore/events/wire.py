@@ -20,6 +20,12 @@ unsigned low 64 bits of the digest (``"int"``, vLLM's default
 
 The array variants subclass the map ones, so consumers test
 ``isinstance(ev, BlockStored)`` whichever encoding the bytes used.
+
+Media: vLLM 0.33 names three, ``GPU``, ``CPU`` and ``STORAGE`` (every secondary
+tier below host memory), and tells storage tiers apart by ``locality`` (``LOCAL`` /
+``REMOTE`` relative to the publisher) and ``ownership`` (the tier's identifier).
+Older releases, and kvstore before it, spelled the tiers ``DISK`` and ``REMOTE``;
+:data:`MEDIA` names the two vocabularies (``events.media``).
 """
 
 from __future__ import annotations
@@ -34,12 +40,17 @@ from kvstore.hashing import block_hash_to_int
 __all__ = [
     "ENCODINGS",
     "HASH_FORMATS",
+    "LOCAL",
+    "MEDIA",
+    "MEDIUM_STORAGE",
+    "REMOTE",
     "AllBlocksCleared",
     "BlockRemoved",
     "BlockStored",
     "Encoding",
     "ExternalBlockHash",
     "HashFormat",
+    "MediaVocabulary",
     "KVCacheEvent",
     "KVEventBatch",
     "MalformedBatch",
@@ -56,6 +67,14 @@ Encoding: TypeAlias = Literal["map", "array"]
 HashFormat: TypeAlias = Literal["int", "bytes"]
 ENCODINGS: Final = ("map", "array")
 HASH_FORMATS: Final = ("int", "bytes")
+
+#: ``storage``: vLLM 0.33's media (``GPU`` / ``CPU`` / ``STORAGE`` with ``locality``
+#: and ``ownership``); ``tiers``: the older ``DISK`` / ``REMOTE`` names.
+MediaVocabulary: TypeAlias = Literal["storage", "tiers"]
+MEDIA: Final = ("storage", "tiers")
+MEDIUM_STORAGE: Final = "STORAGE"
+LOCAL: Final = "LOCAL"
+REMOTE: Final = "REMOTE"
 
 #: What vLLM calls ``ExternalBlockHash``: ``bytes`` or the 64-bit int form.
 ExternalBlockHash: TypeAlias = bytes | int
@@ -81,9 +100,14 @@ class BlockStored(KVCacheEvent):
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
+    #: ``LOCAL`` / ``REMOTE`` relative to the publisher (``None``: unspecified).
     locality: str | None = None
+    #: The secondary tier that stored the block (``dram``, ``disk``, ``redis``).
     ownership: str | None = None
+    #: The session whose request stored the block.
     session_id: str | None = None
+    #: Speculative tokens past the block (append-only; kvstore sends none).
+    lookahead_token_ids: list[int] | None = None
 
 
 class BlockRemoved(KVCacheEvent):
@@ -197,6 +221,9 @@ def stored(
     encoding: Encoding = "map",
     lora_name: str | None = None,
     extra_keys: list[tuple[Any, ...] | None] | None = None,
+    locality: str | None = None,
+    ownership: str | None = None,
+    session_id: str | None = None,
 ) -> BlockStored:
     """Build a ``BlockStored`` of the class ``encoding`` needs."""
     cls = _ArrayBlockStored if encoding == "array" else BlockStored
@@ -209,14 +236,23 @@ def stored(
         medium=medium,
         lora_name=lora_name,
         extra_keys=extra_keys,
+        locality=locality,
+        ownership=ownership,
+        session_id=session_id,
     )
 
 
 def removed(
-    block_hashes: Sequence[ExternalBlockHash], medium: str | None, *, encoding: Encoding = "map"
+    block_hashes: Sequence[ExternalBlockHash],
+    medium: str | None,
+    *,
+    encoding: Encoding = "map",
+    locality: str | None = None,
+    ownership: str | None = None,
 ) -> BlockRemoved:
     cls = _ArrayBlockRemoved if encoding == "array" else BlockRemoved
-    return cls(block_hashes=list(block_hashes), medium=medium)
+    return cls(block_hashes=list(block_hashes), medium=medium, locality=locality,
+               ownership=ownership)
 
 
 def cleared(*, encoding: Encoding = "map") -> AllBlocksCleared:

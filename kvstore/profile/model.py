@@ -219,6 +219,10 @@ class Profile:
     #: Live only: the window the statistics cover, and KV bytes per token seen.
     window_s: float | None = None
     kv_bytes_per_token: float | None = None
+    #: Live only: distinct blocks clients retained (cache_ttl_s), and how many of them
+    #: a lookup found while they were retained.
+    retained_blocks: int | None = None
+    retained_came_back: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {

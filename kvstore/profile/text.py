@@ -117,6 +117,12 @@ def format_profile(p: Profile) -> str:
                        f"({_pct(r.single_use_share)} never reused)")
     if p.kv_bytes_per_token:
         out.append(f"  KV bytes per token        {p.kv_bytes_per_token:,.0f} (stored blocks)")
+    if p.retained_blocks:
+        back = p.retained_came_back or 0
+        out += ["", "Retention (cache_ttl_s)",
+                f"  retained blocks           {p.retained_blocks:,}",
+                f"  came back while retained  {back:,} "
+                f"({_pct(back / p.retained_blocks)})"]
     if p.sessions is not None:
         out += ["", *_sessions(p.sessions)]
     if p.curve is not None:

@@ -44,6 +44,9 @@ def to_pb(p: Profile) -> pb.ProfileResponse:
         bin_seconds=a.bin_s, bins=a.bins, peak=a.peak, trough=a.trough, notes=p.notes)
     if p.kv_bytes_per_token is not None:
         msg.kv_bytes_per_token = p.kv_bytes_per_token
+    if p.retained_blocks is not None:
+        msg.retained_blocks = p.retained_blocks
+        msg.retained_came_back = p.retained_came_back or 0
     if a.peak_to_trough is not None:
         msg.peak_to_trough = a.peak_to_trough
     if a.interarrival_cv is not None:
@@ -91,4 +94,7 @@ def from_pb(msg: pb.ProfileResponse, source: str) -> Profile:
         reuse=reuse, sessions=sessions, block_tokens=msg.block_tokens, notes=tuple(msg.notes),
         window_s=msg.window_seconds,
         kv_bytes_per_token=msg.kv_bytes_per_token if msg.HasField("kv_bytes_per_token")
-        else None)
+        else None,
+        retained_blocks=msg.retained_blocks if msg.HasField("retained_blocks") else None,
+        retained_came_back=(msg.retained_came_back if msg.HasField("retained_came_back")
+                            else None))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 from collections.abc import Sequence
 
@@ -66,6 +67,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
                    help="with --server: trace time runs this many times faster")
     p.add_argument("--payload-bytes", type=int, default=64 << 10,
                    help="with --server: bytes of each block's payload (default 64 KiB)")
+    p.add_argument("--no-retention", action="store_true",
+                   help="ignore the trace's cache_ttl_s (the same trace without retention)")
     p.add_argument("--limit", type=int, default=None, metavar="N",
                    help="replay only the first N requests")
     p.add_argument("--json", metavar="OUT", help="write results as JSON")
@@ -143,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.limit:
         requests = requests[:args.limit]
+    if args.no_retention:
+        requests = [dataclasses.replace(r, cache_ttl_s=None) for r in requests]
     progress = not args.no_progress and sys.stderr.isatty()
     if args.server:
         return _run_live(args, requests, cost, progress)

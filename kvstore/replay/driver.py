@@ -87,6 +87,10 @@ class Store(Protocol):
 
     async def hint(self, req: Request, event: str, request_id: str) -> None: ...
 
+    async def retain(self, req: Request, hashes: list[bytes]) -> None:
+        """Retain ``hashes`` for the request's ``cache_ttl_s``."""
+        ...
+
     async def settle(self) -> None:
         """Let background transfers run (offline: the mover's queue, now)."""
         ...
@@ -143,6 +147,9 @@ class EngineStore:
         after = req.after
         self.engine.hint(Hint(req.session_id or "", event, req.workload or "unknown",
                               after.tool if after else None), NAMESPACE, request_id)
+
+    async def retain(self, req: Request, hashes: list[bytes]) -> None:
+        self.engine.retain(NAMESPACE, hashes, req.cache_ttl_s or 0.0)
 
     async def settle(self) -> None:
         await self.engine.mover.run_pending()
@@ -209,6 +216,9 @@ class Replayer:
         self.total_s += len(hashes) * self._block_s
         await self.store.settle()
         await self.store.put(req, hashes, served, served + store, rid)
+        if req.cache_ttl_s:
+            n = len(hashes) if req.cache_blocks is None else min(req.cache_blocks, len(hashes))
+            await self.store.retain(req, hashes[:n])
         if req.after is not None:
             await self.store.hint(req, HINT_EVENT[req.after.kind], rid)
         await self.store.settle()

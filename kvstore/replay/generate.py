@@ -12,6 +12,11 @@ Parameters follow published figures (see DESIGN.md section 1):
 * batch: one request per job, never back.
 * autocomplete: bursts of requests a second apart on a growing prefix; every
   other request is cancelled, so its tail block is never reused.
+* retained: six agent apps, each with its own system prompt and tool schemas
+  (16k tokens) that its harness marks for an hour (``cache_ttl_s`` 3600 up to the end
+  of the shared prefix, as ``cache_control`` does); people pace the sessions (minutes
+  between turns) and each brings a long document of its own, so between two uses of
+  one app's prefix the other traffic ages it out of LRU. Not in ``mixed``.
 
 ``scale`` shrinks every length (1.0 = the published sizes) so tests stay small.
 Everything is drawn from one seeded generator: the same arguments give the
@@ -73,11 +78,13 @@ class _Gen:
         return self.rng.uniform(0.0, self.cfg.duration_s)
 
     def emit(self, t: float, chain: list[int], workload: str, session: str,
-             after: After | None, output: int = 300) -> None:
+             after: After | None, output: int = 300, cache_ttl_s: float | None = None,
+             cache_blocks: int | None = None) -> None:
         partial = self.rng.randint(1, BLOCK - 1)
         hash_ids = (*chain, next(self.ids))
         self.out.append(Request(int(t * 1000), len(chain) * BLOCK + partial, output,
-                                hash_ids, session, workload, after))
+                                hash_ids, session, workload, after, cache_ttl_s=cache_ttl_s,
+                                cache_blocks=cache_blocks))
 
     def session(self, kind: str) -> str:
         return f"{kind}-{next(self.sid)}"
@@ -157,9 +164,24 @@ def _autocomplete(g: _Gen) -> None:
             chain = chain + g.fresh(1)
 
 
+def _retained(g: _Gen) -> None:
+    s = g.session("retained")
+    t = g.start()
+    app = g.rng.randrange(6)
+    shared = g.prefix(f"retained-system-{app}", 4096) + g.prefix(f"retained-tools-{app}", 12288)
+    chain = shared + g.fresh(g.blocks(g.rng.uniform(16000, 48000)))
+    turns = 1 + min(10, int(g.rng.expovariate(1 / 3.0)))
+    for i in range(turns):
+        last = i == turns - 1
+        g.emit(t, chain, "chat", s, After("end") if last else After("user"),
+               cache_ttl_s=3600.0, cache_blocks=len(shared))
+        t += g.lognormal(120.0, 0.9)
+        chain = chain + g.fresh(g.blocks(g.rng.uniform(1000, 4000)))
+
+
 _KIND_FN: dict[str, Callable[[_Gen], None]] = {
     "chat": _chat, "agent": _agent, "rag": _rag, "reasoning": _reasoning,
-    "batch": _batch, "autocomplete": _autocomplete,
+    "batch": _batch, "autocomplete": _autocomplete, "retained": _retained,
 }
 #: Share of sessions per kind in ``mixed``.
 MIX = {"chat": 0.3, "agent": 0.25, "rag": 0.15, "reasoning": 0.1, "batch": 0.1,

@@ -88,6 +88,12 @@ class ClientStore:
                                after.tool if after else None, namespace=NAMESPACE,
                                request_id=request_id)
 
+    async def retain(self, req: Request, hashes: list[bytes]) -> None:
+        try:
+            await self.client.retain(NAMESPACE, hashes, req.cache_ttl_s or 0.0)
+        except KVStoreError:
+            self.errors += 1
+
     async def settle(self) -> None:
         return None  # the server's mover runs on its own
 

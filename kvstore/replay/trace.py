@@ -3,13 +3,17 @@
 Required fields: ``timestamp`` (ms), ``input_length``, ``output_length``,
 ``hash_ids`` (one id per 512-token block). Optional: ``session_id``,
 ``workload`` and ``after`` = ``{"kind": "tool_call", "tool": NAME}`` |
-``{"kind": "user"}`` | ``{"kind": "end"}`` (what follows this request).
+``{"kind": "user"}`` | ``{"kind": "end"}`` (what follows this request),
+``cache_ttl_s`` (the client retains the request's blocks for that many seconds, as
+``kv_transfer_params: {"cache_ttl_s": ...}`` does) and ``cache_blocks`` (how many
+leading blocks it retains, a ``cache_control`` breakpoint; absent: all of them).
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import math
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -40,6 +44,8 @@ class Request:
     session_id: str | None = None
     workload: str | None = None
     after: After | None = None
+    cache_ttl_s: float | None = None
+    cache_blocks: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -57,6 +63,10 @@ class Request:
             if self.after.tool is not None:
                 after["tool"] = self.after.tool
             out["after"] = after
+        if self.cache_ttl_s is not None:
+            out["cache_ttl_s"] = self.cache_ttl_s
+        if self.cache_blocks is not None:
+            out["cache_blocks"] = self.cache_blocks
         return out
 
 
@@ -87,6 +97,15 @@ def _text(value: Any, name: str, where: str, *, ints: bool = False) -> str | Non
     raise TraceError(f"{where}: {name} must be a string, got {value!r}")
 
 
+def _seconds(value: Any, name: str, where: str) -> float | None:
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or value < 0):
+        raise TraceError(f"{where}: {name} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
 def _parse(obj: Any, where: str) -> Request:
     if not isinstance(obj, dict):
         raise TraceError(f"{where}: expected a JSON object")
@@ -115,6 +134,9 @@ def _parse(obj: Any, where: str) -> Request:
         session_id=_text(obj.get("session_id"), "session_id", where, ints=True),
         workload=_text(obj.get("workload"), "workload", where),
         after=after,
+        cache_ttl_s=_seconds(obj.get("cache_ttl_s"), "cache_ttl_s", where),
+        cache_blocks=(_count(obj, "cache_blocks", where) if obj.get("cache_blocks") is not None
+                      else None),
     )
 
 

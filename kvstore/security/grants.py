@@ -6,8 +6,8 @@ namespace) and rights:
 
 - ``read``: Lookup, Get, Acquire (and Release of its own leases); Stats of what its
   namespaces hold;
-- ``write``: Put, Reserve / Commit / Abort (its own reservations), Hint, Delete of
-  listed blocks;
+- ``write``: Put, Reserve / Commit / Abort (its own reservations), Hint, Retain, Delete
+  of listed blocks;
 - ``admin``: Delete of a whole namespace (``Delete(ns, [])``) inside the grant, the
   whole server's Stats, Profile (they aggregate every namespace: the operator's);
 - ``events``: SubscribeEvents. The stream is vLLM's wire format, which names no

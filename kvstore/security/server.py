@@ -67,6 +67,7 @@ RULES: dict[str, Rule] = {
     # Without a namespace a hint names a request id, which is the tenant's own.
     "Hint": Rule("write", namespace=True, namespace_optional=True),
     "Delete": Rule("write", namespace=True),  # Delete(ns, []) needs admin: see _check
+    "Retain": Rule("write", namespace=True),
     "Stats": Rule("admin|read"),  # without admin: only what its namespaces hold
     "Profile": Rule("admin"),
     "SubscribeEvents": Rule("events"),

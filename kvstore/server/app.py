@@ -22,6 +22,7 @@ from kvstore._proto.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from kvstore.config import Config, build_section
 from kvstore.engine.core import Engine, tier_specs
 from kvstore.engine.quotas import Quota
+from kvstore.engine.retention import RetentionLimits
 from kvstore.errors import ConfigError
 from kvstore.metrics import TimedTier, make_registry
 from kvstore.policies.cost import CostModel
@@ -149,7 +150,9 @@ class KVStoreServer:
             max_pinned_fraction=cfg.dram.max_pinned_fraction,
             quotas=[Quota(q.namespace_prefix, q.limits()) for q in cfg.quotas],
             # queued at the first sweep at most max_write_delay_s after the put
-            max_write_delay_s=max(0.0, cfg.disk.max_write_delay_s - SWEEP_S))
+            max_write_delay_s=max(0.0, cfg.disk.max_write_delay_s - SWEEP_S),
+            retention=RetentionLimits(cfg.retention.max_ttl_s, cfg.retention.limits(),
+                                      cfg.retention.fraction))
         if cfg.redis.enabled:
             from kvstore.engine.shared import SharedPrefix
 

@@ -8,6 +8,7 @@ client re-raises the same type.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -299,6 +300,21 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         return pb.HintResponse(moves=self.engine.hint(hint, request.namespace,
                                                       _rid(request.request_id)))
 
+    @_unary
+    async def Retain(self, request: pb.RetainRequest, context: Any) -> pb.RetainResponse:
+        n = self.engine.retain(request.namespace, list(request.block_hashes), request.ttl_s)
+        return pb.RetainResponse(protected=n)
+
+    def _retention_stats(self, tenant: Tenant | None) -> list[pb.RetentionStats]:
+        """Retained bytes per (tenant, tier): all for an admin (or without auth); for a
+        tenant, those of its own namespaces or quota prefixes."""
+        eng = self.engine
+        return [pb.RetentionStats(tenant=u.tenant, tier=u.tier, retained_bytes=u.retained_bytes,
+                                  limit_bytes=u.limit_bytes)
+                for u in eng.retention.usage(eng.index, eng.clock())
+                if tenant is None or "admin" in tenant.rights or tenant.covers(u.tenant)
+                or tenant.covers_prefix(u.tenant)]
+
     def _tenant_stats(self, tenant: Tenant) -> pb.StatsResponse:
         """What the tenant's namespaces hold, and nothing of the server's own counters
         (lookups, bytes, events, sessions): those count other tenants too."""
@@ -319,7 +335,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                  for name, t in eng.tiers.items()]
         return pb.StatsResponse(tiers=tiers, blocks=total, namespaces=len(spaces),
                                 version=__version__, policy=eng.policy.name,
-                                quotas=self._quota_stats(tenant))
+                                quotas=self._quota_stats(tenant),
+                                retention=self._retention_stats(tenant))
 
     def _quota_stats(self, tenant: Tenant | None) -> list[pb.QuotaStats]:
         """Quota usage: every quota for an admin (or without auth); for a tenant, the
@@ -357,14 +374,18 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             corrupt_reads=st.corrupt_reads, orphans_dropped=st.orphans_dropped,
             demotions_failed=st.demotions_failed, startup_skipped=eng.startup_skipped(),
             quarantined_slots=eng.leases.quarantined, policy=eng.policy.name,
-            quotas=self._quota_stats(tenant),
+            quotas=self._quota_stats(tenant), retention=self._retention_stats(tenant),
+            retained_granted=eng.retention.granted, retained_refused=eng.retention.refused,
+            retained_returned=eng.retention.returned, retained_evicted=eng.retention.evicted,
         )
 
     @_unary
     async def Profile(self, request: pb.ProfileRequest, context: Any) -> pb.ProfileResponse:
         from kvstore.profile.wire import to_pb
 
-        return to_pb(self.profile.snapshot())
+        ret = self.engine.retention
+        return to_pb(dataclasses.replace(self.profile.snapshot(), retained_blocks=ret.blocks,
+                                         retained_came_back=ret.came_back))
 
     async def SubscribeEvents(self, request: pb.SubscribeRequest, context: Any
                               ) -> AsyncIterator[pb.EventBatch]:

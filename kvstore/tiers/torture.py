@@ -299,17 +299,18 @@ class Torture:
 
     def _apply(self, ev: object, reported: set[bytes]) -> None:
         from kvstore.events import wire
+        from kvstore.events.media import tier_medium
 
-        medium = getattr(ev, "medium", None)
+        medium = tier_medium(getattr(ev, "medium", None), getattr(ev, "locality", None))
         with self._lock:
             hashes = [self.by_int.get(h if isinstance(h, int) else block_hash_to_int(h))
                       for h in getattr(ev, "block_hashes", ())]
             known = [h for h in hashes if h is not None]
             if isinstance(ev, wire.BlockStored):
                 reported.add(b"subscribed")
-                if medium == "DISK":
+                if medium == "disk":
                     reported.update(known)
-            elif isinstance(ev, wire.BlockRemoved) and medium == "DISK":
+            elif isinstance(ev, wire.BlockRemoved) and medium == "disk":
                 self.removed.extend(known)
 
     def _wait_subscribed(self, reported: set[bytes]) -> None:

@@ -48,7 +48,8 @@ def test_stored_runs_split_at_chain_breaks() -> None:
     first, second = events
     assert isinstance(first, wire.BlockStored) and isinstance(second, wire.BlockStored)
     assert first.block_hashes == [block_hash_to_int(m.key.block_hash) for m in a]
-    assert first.parent_block_hash is None and first.medium == "DISK"
+    assert first.parent_block_hash is None and first.medium == "STORAGE"
+    assert (first.locality, first.ownership) == ("LOCAL", "disk")
     assert first.token_ids == list(range(96)) and first.block_size == 32
     assert second.block_hashes == [block_hash_to_int(m.key.block_hash) for m in b]
 

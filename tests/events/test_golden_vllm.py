@@ -4,7 +4,10 @@
   (map encoding) and with vLLM's structs declared positional (array encoding, vLLM <= 0.23);
 * batches vLLM encodes (both encodings, int and bytes hashes) decode with ours to the
   same fields;
-* vLLM's real ``ZmqEventPublisher`` publishing to our ingest socket.
+* vLLM's real ``ZmqEventPublisher`` publishing to our ingest socket;
+* both media vocabularies (``events.media``) decode with vLLM's classes to the
+  medium / locality / ownership / session_id we sent, and the vLLM 0.33 mirror
+  (:mod:`.vllm033`) has vLLM's own fields, in order, plus the one 0.33 appends.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from kvstore.events.ingest import VllmEventIngest
 from kvstore.hashing import block_hash_to_int
 from kvstore.types import Medium
 
+from . import vllm033
 from .conftest import HERE, LOOPBACK_ANY, chain, run_golden, vllm_env
+from .test_golden_033 import _ours
 
 pytestmark = pytest.mark.vllm
 
@@ -53,7 +58,37 @@ def golden(vllm_py: str) -> dict[str, Any]:
     decode = [
         {"name": f"{e}-{f}", "encoding": e, "payload_hex": _our_batch(e, f).hex()} for e, f in CASES
     ]
-    return run_golden(vllm_py, {"decode": decode, "produce": True})
+    decode += [{"name": f"media-{m}", "encoding": "map", "payload_hex": _ours(m).hex()}
+               for m in wire.MEDIA]
+    return run_golden(vllm_py, {"decode": decode, "produce": True, "fields": True})
+
+
+@pytest.mark.parametrize(("media", "want"), [
+    ("storage", [["CPU", "LOCAL", "dram"], ["STORAGE", "LOCAL", "disk"],
+                 ["STORAGE", "REMOTE", "redis"]]),
+    ("tiers", [["CPU", None, None], ["DISK", None, None], ["REMOTE", None, None]]),
+])
+def test_both_vocabularies_decode_with_vllm_classes(
+    golden: dict[str, Any], media: str, want: list[list[Any]]
+) -> None:
+    name = f"media-{media}"
+    assert name not in golden["errors"], golden["errors"].get(name)
+    events = golden["decoded"][name]["events"]
+    stored = [e for e in events if e["type"] == "BlockStored"]
+    removed = [e for e in events if e["type"] == "BlockRemoved"]
+    assert [[e["medium"], e["locality"], e["ownership"]] for e in stored] == want
+    assert [[e["medium"], e["locality"], e["ownership"]] for e in removed] == want
+    assert {e["session_id"] for e in stored} == {"sess-1"}
+
+
+def test_the_033_mirror_is_vllms_own_classes_plus_what_033_appends(
+    golden: dict[str, Any]
+) -> None:
+    theirs = golden["fields"]
+    assert golden["media"] == ["GPU", "CPU", "STORAGE"]
+    assert vllm033.FIELDS["BlockStored"] == theirs["BlockStored"] + ["lookahead_token_ids"]
+    assert vllm033.FIELDS["BlockRemoved"] == theirs["BlockRemoved"]
+    assert vllm033.FIELDS["AllBlocksCleared"] == theirs["AllBlocksCleared"] == []
 
 
 @pytest.mark.parametrize(("encoding", "hash_format"), CASES)
@@ -87,6 +122,8 @@ def test_vllm_batches_decode_with_ours(
     ours = [
         dict(msgspec.structs.asdict(wire.to_encoding(e, "map")), type=_tag(e)) for e in batch.events
     ]
+    for ev in ours:  # the field 0.33 appends: absent from 0.32's events, None in ours
+        assert ev.pop("lookahead_token_ids", None) is None
     assert json.loads(json.dumps(msgspec.to_builtins(ours))) == produced["events"]
 
 

@@ -3,7 +3,7 @@
 Reads one JSON command on stdin, writes one JSON answer on stdout::
 
     {"decode": [{"name": str, "encoding": "map"|"array", "payload_hex": str}],
-     "produce": true,
+     "produce": true, "fields": true,
      "publish": {"endpoint": str, "topic": str, "batches": int}}
 
 ``array`` decodes with vLLM's structs re-declared ``array_like=True`` field for
@@ -105,6 +105,12 @@ def main() -> None:
             )
         except Exception as exc:  # reported to the test, which fails with it
             out["errors"][item["name"]] = f"{type(exc).__name__}: {exc}"
+    if cmd.get("fields"):
+        K = c["K"]
+        out["fields"] = {cls.__name__: [f.name for f in msgspec.structs.fields(cls)]
+                         for cls in (K.BlockStored, K.BlockRemoved, K.AllBlocksCleared)}
+        out["media"] = [getattr(K, n, None) for n in ("MEDIUM_GPU", "MEDIUM_CPU",
+                                                      "MEDIUM_STORAGE")]
     if cmd.get("produce"):
         enc = msgspec.msgpack.Encoder()
         produced: dict[str, Any] = {}

@@ -101,6 +101,26 @@ def test_slots_held_by_a_lookup_that_no_get_follows_are_let_go(server: Any,
     assert _leases_end(server)
 
 
+def test_cache_ttl_s_retains_every_chunk_the_plugin_stores(server: Any,
+                                                          driver: Driver) -> None:
+    """The plugin's ``cache_ttl_s`` setting: each chunk LMCache stores is retained in the
+    sidecar (its Retain follows the put); without it nothing is."""
+    eng = server.engine
+    granted = eng.retention.granted
+    _engine(driver, "plain", server.address)
+    _store(driver, "plain", prompt=7, kv_seed=70)
+    assert eng.retention.granted == granted
+    _engine(driver, "ttl", server.address, settings={"cache_ttl_s": 300})
+    _store(driver, "ttl", prompt=8, kv_seed=80)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and eng.retention.granted < granted + CHUNKS:
+        time.sleep(0.05)
+    assert eng.retention.granted == granted + CHUNKS
+    now = eng.clock()
+    ttls = sorted(round(eng.retention.deadline(k) - now) for k in eng.retention.retained_keys())
+    assert len(ttls) == CHUNKS and all(295 <= t <= 300 for t in ttls)
+
+
 def _leases_end(srv: Any) -> bool:
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and len(srv.engine.leases):

@@ -87,6 +87,7 @@ def test_settings_come_from_the_plugins_prefix() -> None:
         "remote_storage_plugin.kvstore.prefault": "false",
         "remote_storage_plugin.kvstore.zero_copy": False,
         "remote_storage_plugin.kvstore.hold_ahead_s": "0",
+        "remote_storage_plugin.kvstore.cache_ttl_s": "300",
         "remote_storage_plugin.kvstore.primary.tenant": "acme",
         "remote_storage_plugin.fs.base_path": "/elsewhere",  # another plugin's: ignored
         "save_chunk_meta": True,
@@ -97,6 +98,7 @@ def test_settings_come_from_the_plugins_prefix() -> None:
     assert cfg.prefault is False and PluginConfig().prefault is True
     assert cfg.zero_copy is False and PluginConfig().zero_copy is True
     assert cfg.hold_ahead_s == 0.0 and PluginConfig().hold_ahead_s == 1.0
+    assert cfg.cache_ttl_s == 300.0 and PluginConfig().cache_ttl_s == 0.0
     primary = PluginConfig.from_extra_config(extra, "kvstore.primary")  # instance over type
     assert (primary.address, primary.tenant) == ("10.0.0.5:6000", "acme")
     assert PluginConfig.from_extra_config(None) == PluginConfig()
@@ -113,6 +115,8 @@ def test_settings_come_from_the_plugins_prefix() -> None:
     ("zero_copy", 2, "must be bool"),
     ("hold_ahead_s", -1, "hold_ahead_s must be between 0 and 60 s"),
     ("hold_ahead_s", 600, "hold_ahead_s must be between 0 and 60 s"),
+    ("cache_ttl_s", -1, "cache_ttl_s must be between 0 and 604800 s"),
+    ("cache_ttl_s", "an hour", "must be float"),
     ("tenant", "", "tenant must be a non-empty string"),
     ("workload", "gaming", "unknown workload 'gaming'"),
 ])

@@ -12,6 +12,7 @@ from kvstore.policies.cost import CostModel, read_bytes_per_s
 
 from kvstore import policies
 from kvstore.events import BlockRemoved, BlockStored, MemoryPublisher, decode_batch
+from kvstore.events.media import tier_medium
 from kvstore.replay.driver import TierBudget
 from kvstore.replay.fleet import Worker, build_fleet, main, replay_fleet, run_fleet_on
 from kvstore.replay.routing import ROUTERS, make_router
@@ -121,28 +122,30 @@ def test_event_stream_is_vllm_ordered_and_complete() -> None:
     ids = {h for r in trace for h in r.hash_ids}
     for w, tap in zip(fleet, taps, strict=True):
         assert [b.seq for b in tap.batches] == list(range(len(tap.batches)))
-        seen: dict[str, set[int]] = {"GPU": set(), "CPU": set(), "DISK": set()}
+        # media by tier, in either vocabulary (STORAGE + LOCAL is the disk tier)
+        seen: dict[str, set[int]] = {"gpu": set(), "cpu": set(), "disk": set()}
         announced: set[int] = set()
         removed = dict.fromkeys(seen, 0)
         for batch in tap.batches:
             events = decode_batch(batch.payload).events
             for ev in events:
                 assert isinstance(ev, BlockStored | BlockRemoved)
-                assert ev.medium in seen
+                medium = tier_medium(ev.medium, ev.locality)
+                assert medium in seen
                 assert set(ev.block_hashes) <= ids
                 if isinstance(ev, BlockStored):
                     parent = ev.parent_block_hash
                     assert parent is None or parent in announced
-                    assert not seen[ev.medium] & set(ev.block_hashes)
-                    seen[ev.medium].update(ev.block_hashes)  # type: ignore[arg-type]
+                    assert not seen[medium] & set(ev.block_hashes)
+                    seen[medium].update(ev.block_hashes)  # type: ignore[arg-type]
                     announced.update(ev.block_hashes)  # type: ignore[arg-type]
                 else:
-                    assert set(ev.block_hashes) <= seen[ev.medium]
-                    seen[ev.medium].difference_update(ev.block_hashes)
-                    removed[ev.medium] += len(ev.block_hashes)
-        assert removed["GPU"] and removed["CPU"], removed  # evictions were published
+                    assert set(ev.block_hashes) <= seen[medium]
+                    seen[medium].difference_update(ev.block_hashes)
+                    removed[medium] += len(ev.block_hashes)
+        assert removed["gpu"] and removed["cpu"], removed  # evictions were published
         tiers = held(w)
-        assert seen == {MEDIUM[t].upper(): keys for t, keys in tiers.items()}
+        assert seen == {MEDIUM[t]: keys for t, keys in tiers.items()}
 
 
 def test_cli_writes_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

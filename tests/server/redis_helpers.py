@@ -12,6 +12,7 @@ from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 from kvstore.client import KVStoreClient
 from kvstore.events import wire
+from kvstore.events.media import tier_medium
 
 
 def redis_section(url: str, prefix: str, **extra: Any) -> dict[str, Any]:
@@ -57,9 +58,11 @@ def event_payloads(address: str, until: Callable[[list[wire.KVCacheEvent]], bool
 
 
 def stored(events: list[wire.KVCacheEvent], medium: str) -> set[Any]:
-    """Hashes announced as stored on ``medium`` (as the events carry them)."""
+    """Hashes announced as stored on ``medium`` (as the events carry them): ``REMOTE``
+    is also vLLM 0.33's ``STORAGE`` + ``REMOTE`` (the default vocabulary)."""
+    want = tier_medium(medium)
     out: set[Any] = set()
     for ev in events:
-        if isinstance(ev, wire.BlockStored) and ev.medium == medium:
+        if isinstance(ev, wire.BlockStored) and tier_medium(ev.medium, ev.locality) == want:
             out.update(ev.block_hashes)
     return out

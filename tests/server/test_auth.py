@@ -71,6 +71,8 @@ NAMESPACED: dict[str, Call] = {
                                            metadata=md),
     "hint": lambda s, md, ns: s.Hint(pb.HintRequest(namespace=ns, session_id="s",
                                                     event="session_end"), metadata=md),
+    "retain": lambda s, md, ns: s.Retain(pb.RetainRequest(namespace=ns, block_hashes=HASHES,
+                                                          ttl_s=60), metadata=md),
 }
 #: The rest: calls that name no namespace.
 GLOBAL: dict[str, Call] = {
@@ -152,7 +154,7 @@ def test_delete_of_a_whole_namespace_needs_admin(authed: Any, stub: Any) -> None
 
 def test_read_only_tenant_cannot_write(authed: Any, stub: Any) -> None:
     before = stored(authed)
-    for rpc in ("put", "delete", "reserve", "commit", "hint"):
+    for rpc in ("put", "delete", "reserve", "commit", "hint", "retain"):
         assert _refused(NAMESPACED[rpc], stub, metadata("reader")) \
             == grpc.StatusCode.PERMISSION_DENIED, rpc
     with KVStoreClient(authed.address, token=TOKENS["reader"]) as c:

@@ -255,6 +255,13 @@ def test_hint(stub, kept, session, event, workload, tool, gap, ns):
         namespace=ns)), kept, stub)
 
 
+@FUZZ
+@given(ns=namespaces, hashes=hash_lists, ttl=numbers)
+def test_retain(stub, kept, ns, hashes, ttl):
+    call("Retain", lambda: stub.Retain(pb.RetainRequest(namespace=ns, block_hashes=hashes,
+                                                        ttl_s=ttl)), kept, stub)
+
+
 @FUZZ_FEW
 @given(start=st.integers(-2**63, 2**63 - 1))
 def test_subscribe_events(stub, kept, start):

@@ -1,6 +1,7 @@
 """Across hosts: two ``kvstore serve`` processes (two data dirs) and one Redis. A prefix
 stored through A is found by B's Lookup, loaded and verified; both publish the blocks as
-``REMOTE`` in vLLM's event format, decoded by ours and by vLLM's own classes."""
+``STORAGE`` + ``REMOTE`` (vLLM 0.33's vocabulary, the default) in vLLM's event format,
+decoded by ours and by vLLM's own classes."""
 
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ def test_b_finds_loads_and_verifies_what_a_stored(run: Run) -> None:
 def test_both_publish_the_blocks_as_remote(run: Run) -> None:
     for host in ("a", "b"):
         events = [e for p in run.payloads[host] for e in wire.decode_batch(p).events]
-        remote = [e for e in events if isinstance(e, wire.BlockStored) and e.medium == "REMOTE"]
+        remote = [e for e in events if isinstance(e, wire.BlockStored)
+                  and (e.medium, e.locality, e.ownership) == ("STORAGE", "REMOTE", "redis")]
         assert {h for e in remote for h in e.block_hashes} >= run.ints
         by_hash = {e.block_hashes[0]: e for e in remote if len(e.block_hashes) == 1}
         first = by_hash.get(block_hash_to_int(run.blocks[1].block_hash))
@@ -107,9 +109,14 @@ def test_remote_events_decode_with_vllms_own_classes(run: Run, vllm_python: str)
     for host in ("a", "b"):
         events = [e for name, d in out["decoded"].items() if name.startswith(host)
                   for e in d["events"]]
-        remote = {h for e in events if e["type"] == "BlockStored" and e["medium"] == "REMOTE"
-                  for h in e["block_hashes"]}
+        remote = {h for e in events if _remote(e) for h in e["block_hashes"]}
         assert remote >= run.ints
-        tokens = [t for e in events if e["type"] == "BlockStored" and e["medium"] == "REMOTE"
-                  for t in e["token_ids"]]
+        tokens = [t for e in events if _remote(e) for t in e["token_ids"]]
         assert set(tokens) <= {t for b in run.blocks for t in b.token_ids}
+
+
+def _remote(event: dict[str, Any]) -> bool:
+    """A BlockStored on Redis as vLLM's classes decoded it (its locality is vLLM's own
+    field: 0.32 decodes it already)."""
+    return (event["type"] == "BlockStored" and event["medium"] == "STORAGE"
+            and event.get("locality") == "REMOTE")

@@ -11,6 +11,7 @@ Seven engine starts, several scenarios each (an engine start costs ~30 s):
 0. reference engine, no connector: the expected tokens of every prompt;
 1. engine with the connector on sidecar S:
    store -> ``reset_prefix_cache()`` -> same prompt loads from S;
+   a request asking ``cache_ttl_s`` retains its blocks in S (retention);
    a multi-turn agent session with hints (and a held tool-call gap);
    S killed while a batch runs, requests served from recompute, then S
    restarted on the same port and the connector reconnects (stores, loads);
@@ -132,6 +133,18 @@ def settled_stats(address: str, timeout_s: float = 5.0) -> dict[str, Any] | None
     deadline = time.monotonic() + timeout_s
     st = stats(address)
     while st and st.get("pending_moves") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        st = stats(address)
+    return st
+
+
+def retained_stats(address: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+    """Stats once the connector's Retain (sent from its background thread after the
+    request ends) has landed and the request's saves are stored."""
+    deadline = time.monotonic() + timeout_s
+    st = stats(address)
+    while st and not any(r["retained_bytes"] for r in st.get("retention", ())) and (
+            time.monotonic() < deadline):
         time.sleep(0.2)
         st = stats(address)
     return st
@@ -289,6 +302,10 @@ def main() -> None:
             "reload": reload,
             "stats_after_reload": stats(addr),
         }
+
+        # Retention through kv_transfer_params: the request's blocks are retained in S.
+        retained = run(llm, [P5], [{"session_id": "sys", "cache_ttl_s": 300}])[0]
+        result["retain"] = {"out": retained, "stats": retained_stats(addr)}
 
         result["session"] = multi_turn(llm, "conv-1", {}, reset=True, address=addr)
 

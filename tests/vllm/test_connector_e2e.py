@@ -94,6 +94,23 @@ def test_store_reset_reload_loads_prefix_and_matches(results: dict[str, Any]) ->
     assert "kvstore: loaded 9/9 blocks (288 tokens" in results["_log"]
 
 
+def test_cache_ttl_s_in_kv_transfer_params_retains_the_requests_blocks(
+    results: dict[str, Any]
+) -> None:
+    """``kv_transfer_params: {"cache_ttl_s": 300}`` through the real engine: the sidecar
+    retains the blocks the request stored (a request without it retained nothing)."""
+    assert results["store_reload"]["stats_after_store"]["retained_granted"] == 0
+    ret = results["retain"]
+    assert ret["out"]["kv"]["cache_ttl_s"] == 300
+    st = ret["stats"]
+    held = [r for r in st["retention"] if r["tier"] == "dram"]
+    # P5: 230 prompt tokens, 7 full blocks of 32, each stored and retained
+    assert st["retained_granted"] >= 1 and len(held) == 1
+    assert held[0]["retained_bytes"] > 0
+    assert held[0]["retained_bytes"] <= held[0]["limit_bytes"]
+    assert st["retained_refused"] == 0
+
+
 def test_multi_turn_session_with_hints(results: dict[str, Any]) -> None:
     """An agent session on a sidecar running the workload-aware policy."""
     turns, ref = results["session"], results["ref"]["turns"]

@@ -99,6 +99,15 @@ def test_session_from_params() -> None:
     assert t.classify({"session_id": "s1", "workload": "gaming"}, []).workload == "unknown"
 
 
+def test_cache_ttl_s_is_read_from_kv_transfer_params() -> None:
+    t = SessionTracker()
+    assert t.classify({"cache_ttl_s": 300}, []).cache_ttl_s == 300.0
+    assert t.classify({"cache_ttl_s": 0.5}, []).cache_ttl_s == 0.5
+    for bad in (-1, "300", True, float("nan"), float("inf"), None):
+        assert t.classify({"cache_ttl_s": bad}, []).cache_ttl_s is None
+    assert t.classify(None, []).cache_ttl_s is None
+
+
 def test_session_inferred_from_prefix_chain() -> None:
     t = SessionTracker()
     h = [bytes([i]) * 32 for i in range(6)]

@@ -292,6 +292,22 @@ class HintResponse(_message.Message):
     moves: int
     def __init__(self, moves: _Optional[int] = ...) -> None: ...
 
+class RetainRequest(_message.Message):
+    __slots__ = ("namespace", "block_hashes", "ttl_s")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    ttl_s: float
+    def __init__(self, namespace: _Optional[str] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., ttl_s: _Optional[float] = ...) -> None: ...
+
+class RetainResponse(_message.Message):
+    __slots__ = ("protected",)
+    PROTECTED_FIELD_NUMBER: _ClassVar[int]
+    protected: int
+    def __init__(self, protected: _Optional[int] = ...) -> None: ...
+
 class StatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -315,7 +331,7 @@ class TierStats(_message.Message):
     def __init__(self, name: _Optional[str] = ..., medium: _Optional[_Union[Medium, str]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., hits: _Optional[int] = ..., evictions: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("tiers", "blocks", "namespaces", "lookups", "lookup_hit_blocks", "lookup_miss_blocks", "puts", "gets", "bytes_in", "bytes_out", "pending_moves", "version", "sessions", "events_published", "transfers_failed", "transfers_dropped", "events_dropped", "corrupt_reads", "orphans_dropped", "demotions_failed", "startup_skipped", "quarantined_slots", "policy", "quotas")
+    __slots__ = ("tiers", "blocks", "namespaces", "lookups", "lookup_hit_blocks", "lookup_miss_blocks", "puts", "gets", "bytes_in", "bytes_out", "pending_moves", "version", "sessions", "events_published", "transfers_failed", "transfers_dropped", "events_dropped", "corrupt_reads", "orphans_dropped", "demotions_failed", "startup_skipped", "quarantined_slots", "policy", "quotas", "retention", "retained_granted", "retained_refused", "retained_returned", "retained_evicted")
     TIERS_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACES_FIELD_NUMBER: _ClassVar[int]
@@ -340,6 +356,11 @@ class StatsResponse(_message.Message):
     QUARANTINED_SLOTS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_FIELD_NUMBER: _ClassVar[int]
+    RETAINED_GRANTED_FIELD_NUMBER: _ClassVar[int]
+    RETAINED_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    RETAINED_RETURNED_FIELD_NUMBER: _ClassVar[int]
+    RETAINED_EVICTED_FIELD_NUMBER: _ClassVar[int]
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
     blocks: int
     namespaces: int
@@ -364,7 +385,24 @@ class StatsResponse(_message.Message):
     quarantined_slots: int
     policy: str
     quotas: _containers.RepeatedCompositeFieldContainer[QuotaStats]
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., blocks: _Optional[int] = ..., namespaces: _Optional[int] = ..., lookups: _Optional[int] = ..., lookup_hit_blocks: _Optional[int] = ..., lookup_miss_blocks: _Optional[int] = ..., puts: _Optional[int] = ..., gets: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., pending_moves: _Optional[int] = ..., version: _Optional[str] = ..., sessions: _Optional[int] = ..., events_published: _Optional[int] = ..., transfers_failed: _Optional[int] = ..., transfers_dropped: _Optional[int] = ..., events_dropped: _Optional[int] = ..., corrupt_reads: _Optional[int] = ..., orphans_dropped: _Optional[int] = ..., demotions_failed: _Optional[int] = ..., startup_skipped: _Optional[int] = ..., quarantined_slots: _Optional[int] = ..., policy: _Optional[str] = ..., quotas: _Optional[_Iterable[_Union[QuotaStats, _Mapping]]] = ...) -> None: ...
+    retention: _containers.RepeatedCompositeFieldContainer[RetentionStats]
+    retained_granted: int
+    retained_refused: int
+    retained_returned: int
+    retained_evicted: int
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., blocks: _Optional[int] = ..., namespaces: _Optional[int] = ..., lookups: _Optional[int] = ..., lookup_hit_blocks: _Optional[int] = ..., lookup_miss_blocks: _Optional[int] = ..., puts: _Optional[int] = ..., gets: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., pending_moves: _Optional[int] = ..., version: _Optional[str] = ..., sessions: _Optional[int] = ..., events_published: _Optional[int] = ..., transfers_failed: _Optional[int] = ..., transfers_dropped: _Optional[int] = ..., events_dropped: _Optional[int] = ..., corrupt_reads: _Optional[int] = ..., orphans_dropped: _Optional[int] = ..., demotions_failed: _Optional[int] = ..., startup_skipped: _Optional[int] = ..., quarantined_slots: _Optional[int] = ..., policy: _Optional[str] = ..., quotas: _Optional[_Iterable[_Union[QuotaStats, _Mapping]]] = ..., retention: _Optional[_Iterable[_Union[RetentionStats, _Mapping]]] = ..., retained_granted: _Optional[int] = ..., retained_refused: _Optional[int] = ..., retained_returned: _Optional[int] = ..., retained_evicted: _Optional[int] = ...) -> None: ...
+
+class RetentionStats(_message.Message):
+    __slots__ = ("tenant", "tier", "retained_bytes", "limit_bytes")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    RETAINED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    tier: str
+    retained_bytes: int
+    limit_bytes: int
+    def __init__(self, tenant: _Optional[str] = ..., tier: _Optional[str] = ..., retained_bytes: _Optional[int] = ..., limit_bytes: _Optional[int] = ...) -> None: ...
 
 class QuotaStats(_message.Message):
     __slots__ = ("namespace_prefix", "tier", "limit_bytes", "used_bytes", "evictions", "refused")
@@ -454,7 +492,7 @@ class ProfileSessions(_message.Message):
     def __init__(self, sessions: _Optional[int] = ..., calls_per_session: _Optional[_Union[Distribution, _Mapping]] = ..., read_back_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., new_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., gap_seconds: _Optional[_Mapping[str, Distribution]] = ..., duration_seconds: _Optional[_Union[Distribution, _Mapping]] = ...) -> None: ...
 
 class ProfileResponse(_message.Message):
-    __slots__ = ("window_seconds", "requests", "block_tokens", "kv_bytes_per_token", "input_tokens", "output_tokens", "ratio", "context_tokens", "quadrants", "workloads", "span_seconds", "requests_per_minute", "per_minute", "bin_seconds", "bins", "peak", "trough", "peak_to_trough", "interarrival_cv", "reuse", "sessions", "notes")
+    __slots__ = ("window_seconds", "requests", "block_tokens", "kv_bytes_per_token", "input_tokens", "output_tokens", "ratio", "context_tokens", "quadrants", "workloads", "span_seconds", "requests_per_minute", "per_minute", "bin_seconds", "bins", "peak", "trough", "peak_to_trough", "interarrival_cv", "reuse", "sessions", "notes", "retained_blocks", "retained_came_back")
     class QuadrantsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -491,6 +529,8 @@ class ProfileResponse(_message.Message):
     REUSE_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
+    RETAINED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    RETAINED_CAME_BACK_FIELD_NUMBER: _ClassVar[int]
     window_seconds: float
     requests: int
     block_tokens: int
@@ -513,4 +553,6 @@ class ProfileResponse(_message.Message):
     reuse: ProfileReuse
     sessions: ProfileSessions
     notes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, window_seconds: _Optional[float] = ..., requests: _Optional[int] = ..., block_tokens: _Optional[int] = ..., kv_bytes_per_token: _Optional[float] = ..., input_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., output_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., ratio: _Optional[_Union[Distribution, _Mapping]] = ..., context_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., quadrants: _Optional[_Mapping[str, int]] = ..., workloads: _Optional[_Mapping[str, int]] = ..., span_seconds: _Optional[float] = ..., requests_per_minute: _Optional[float] = ..., per_minute: _Optional[_Union[Distribution, _Mapping]] = ..., bin_seconds: _Optional[float] = ..., bins: _Optional[int] = ..., peak: _Optional[int] = ..., trough: _Optional[int] = ..., peak_to_trough: _Optional[float] = ..., interarrival_cv: _Optional[float] = ..., reuse: _Optional[_Union[ProfileReuse, _Mapping]] = ..., sessions: _Optional[_Union[ProfileSessions, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
+    retained_blocks: int
+    retained_came_back: int
+    def __init__(self, window_seconds: _Optional[float] = ..., requests: _Optional[int] = ..., block_tokens: _Optional[int] = ..., kv_bytes_per_token: _Optional[float] = ..., input_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., output_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., ratio: _Optional[_Union[Distribution, _Mapping]] = ..., context_tokens: _Optional[_Union[Distribution, _Mapping]] = ..., quadrants: _Optional[_Mapping[str, int]] = ..., workloads: _Optional[_Mapping[str, int]] = ..., span_seconds: _Optional[float] = ..., requests_per_minute: _Optional[float] = ..., per_minute: _Optional[_Union[Distribution, _Mapping]] = ..., bin_seconds: _Optional[float] = ..., bins: _Optional[int] = ..., peak: _Optional[int] = ..., trough: _Optional[int] = ..., peak_to_trough: _Optional[float] = ..., interarrival_cv: _Optional[float] = ..., reuse: _Optional[_Union[ProfileReuse, _Mapping]] = ..., sessions: _Optional[_Union[ProfileSessions, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ..., retained_blocks: _Optional[int] = ..., retained_came_back: _Optional[int] = ...) -> None: ...

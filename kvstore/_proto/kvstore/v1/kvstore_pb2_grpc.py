@@ -104,6 +104,11 @@ class KVStoreStub(object):
                 request_serializer=kvstore_dot_v1_dot_kvstore__pb2.ProfileRequest.SerializeToString,
                 response_deserializer=kvstore_dot_v1_dot_kvstore__pb2.ProfileResponse.FromString,
                 _registered_method=True)
+        self.Retain = channel.unary_unary(
+                '/kvstore.v1.KVStore/Retain',
+                request_serializer=kvstore_dot_v1_dot_kvstore__pb2.RetainRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_kvstore__pb2.RetainResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer(object):
@@ -196,6 +201,13 @@ class KVStoreServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Retain(self, request, context):
+        """Retention: keep a prefix for a TTL (RetainRequest).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -268,6 +280,11 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.Profile,
                     request_deserializer=kvstore_dot_v1_dot_kvstore__pb2.ProfileRequest.FromString,
                     response_serializer=kvstore_dot_v1_dot_kvstore__pb2.ProfileResponse.SerializeToString,
+            ),
+            'Retain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Retain,
+                    request_deserializer=kvstore_dot_v1_dot_kvstore__pb2.RetainRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_kvstore__pb2.RetainResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -648,6 +665,33 @@ class KVStore(object):
             '/kvstore.v1.KVStore/Profile',
             kvstore_dot_v1_dot_kvstore__pb2.ProfileRequest.SerializeToString,
             kvstore_dot_v1_dot_kvstore__pb2.ProfileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Retain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/Retain',
+            kvstore_dot_v1_dot_kvstore__pb2.RetainRequest.SerializeToString,
+            kvstore_dot_v1_dot_kvstore__pb2.RetainResponse.FromString,
             options,
             channel_credentials,
             insecure,
