@@ -1,4 +1,5 @@
-"""``kvstore``: serve, stats, events, replay, profile, bench, loadtest."""
+"""``kvstore``: serve, stats, events, replay, profile, and the tools (bench, loadtest,
+torture, bench-tiers, ...: :mod:`kvstore.tools`)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,7 @@ __all__ = ["main"]
 log = logging.getLogger("kvstore")
 
 #: Subcommands contributed by other packages: module exposing add_parser(subparsers).
-_PLUGINS = ("kvstore.events.cli", "kvstore.replay.cli", "kvstore.profile.cli", "kvstore.bench",
-            "kvstore.loadtest")
+_PLUGINS = ("kvstore.replay.cli", "kvstore.profile.cli")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -124,10 +124,18 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # that part of the product is not installed
             raise
         module.add_parser(sub)
+    from kvstore import tools
+
+    tools.add_parsers(sub)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from kvstore import tools
+
+    if argv and argv[0] in tools.PASSTHROUGH:  # a tool with its own argument parser
+        return tools.run_passthrough(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
