@@ -99,7 +99,12 @@ def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: Commands of the service itself: parsed without importing any plugin or tool, so a
+#: ``kvstore serve`` process holds no measurement code.
+_CORE = ("serve", "stats")
+
+
+def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvstore", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -115,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=float, default=5.0)
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=_stats)
+    if not plugins:
+        return p
 
     for mod in _PLUGINS:
         try:
@@ -132,11 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from kvstore import tools
+    core = bool(argv) and argv[0] in _CORE
+    if not core:
+        from kvstore import tools
 
-    if argv and argv[0] in tools.PASSTHROUGH:  # a tool with its own argument parser
-        return tools.run_passthrough(argv[0], argv[1:])
-    args = build_parser().parse_args(argv)
+        if argv and argv[0] in tools.PASSTHROUGH:  # a tool with its own argument parser
+            return tools.run_passthrough(argv[0], argv[1:])
+    args = build_parser(plugins=not core).parse_args(argv)
     try:
         return int(args.func(args))
     except KVStoreError as exc:

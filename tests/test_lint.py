@@ -87,3 +87,19 @@ def test_the_server_imports_no_tool() -> None:
                  if any(w in p.stem for w in ("bench", "torture", "loadtest"))
                  or p.parent.name in ("bench", "loadtest")]
     assert measuring == [], f"measurement code inside the service: {measuring}"
+
+
+def test_kvstore_serve_parses_without_loading_a_tool() -> None:
+    """The ``kvstore serve`` process itself (the CLI up to the server's start) loads no
+    module of kvstore.tools."""
+    code = ("import sys\nfrom kvstore import cli\n"
+            "cli._serve = lambda args: print(' '.join(sys.modules)) or 0\n"
+            "sys.exit(cli.main(['serve', '--listen', '127.0.0.1:1']))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    loaded = out.stdout.split()
+    assert "kvstore.cli" in loaded
+    assert [m for m in loaded if m.startswith("kvstore.") and (
+        m.startswith("kvstore.tools") or any(w in m for w in ("bench", "torture", "loadtest")))
+    ] == []
