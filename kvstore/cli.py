@@ -1,4 +1,5 @@
-"""``kvstore``: serve, stats, events, replay, profile, bench, loadtest."""
+"""``kvstore``: serve, stats, events, replay, profile, and the tools (bench, loadtest,
+torture, bench-tiers, ...: :mod:`kvstore.tools`)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,7 @@ __all__ = ["main"]
 log = logging.getLogger("kvstore")
 
 #: Subcommands contributed by other packages: module exposing add_parser(subparsers).
-_PLUGINS = ("kvstore.events.cli", "kvstore.replay.cli", "kvstore.profile.cli", "kvstore.bench",
-            "kvstore.loadtest")
+_PLUGINS = ("kvstore.replay.cli", "kvstore.profile.cli")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -99,7 +99,12 @@ def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: Commands of the service itself: parsed without importing any plugin or tool, so a
+#: ``kvstore serve`` process holds no measurement code.
+_CORE = ("serve", "stats")
+
+
+def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvstore", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -115,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=float, default=5.0)
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=_stats)
+    if not plugins:
+        return p
 
     for mod in _PLUGINS:
         try:
@@ -124,11 +131,21 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # that part of the product is not installed
             raise
         module.add_parser(sub)
+    from kvstore import tools
+
+    tools.add_parsers(sub)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    core = bool(argv) and argv[0] in _CORE
+    if not core:
+        from kvstore import tools
+
+        if argv and argv[0] in tools.PASSTHROUGH:  # a tool with its own argument parser
+            return tools.run_passthrough(argv[0], argv[1:])
+    args = build_parser(plugins=not core).parse_args(argv)
     try:
         return int(args.func(args))
     except KVStoreError as exc:

@@ -1,18 +1,12 @@
-"""Shared fixtures: a real server in a background thread or in a subprocess."""
+"""Shared fixtures: a real server in a background thread or in a subprocess (the tools'
+harness, :class:`kvstore.tools.harness.LocalServer`)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +14,7 @@ import hypothesis  # noqa: F401  (imported now: see below)
 import pytest
 
 from kvstore.config import Config, load_config
+from kvstore.tools.harness import LocalServer, free_port
 
 # hypothesis's pytest plugin imports hypothesis lazily, in its terminal summary, when no
 # fuzz test ran; pytest's assertion rewriting then compiles it deep in a call stack, which
@@ -31,12 +26,6 @@ pytest_plugins = ["tests.redis_servers"]
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_TRACES = REPO.parent / "shared" / "traces"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_config(data_dir: Path, **sections: dict[str, Any]) -> Config:
@@ -114,75 +103,17 @@ def server(server_factory: Any) -> ServerThread:
     return server_factory()
 
 
-@dataclass
-class ServerProcess:
-    """``kvstore serve`` as a real process (for crash tests)."""
-
-    data_dir: Path
-    port: int
-    extra_env: dict[str, str]
-    proc: subprocess.Popen[bytes] | None = None
-    log_path: Path | None = None
-    metrics_port: int = 0
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 30.0) -> None:
-        env = {**os.environ, **self.extra_env}
-        kvstore = shutil.which("kvstore", path=str(Path(sys.executable).parent)) or "kvstore"
-        self.log_path = self.data_dir.parent / f"server-{self.port}.log"
-        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:  # a file, never a pipe nobody drains
-            self.proc = subprocess.Popen(
-                [kvstore, "serve", "--listen", self.address, "--data-dir", str(self.data_dir),
-                 "--metrics-port", str(self.metrics_port)],
-                env=env, stdout=log, stderr=subprocess.STDOUT)
-        from kvstore.client import KVStoreClient
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kvstore serve exited with {self.proc.returncode}:\n"
-                                   f"{self.log_path.read_text()}")
-            try:
-                with KVStoreClient(self.address, timeout=1.0, shared_memory=False) as c:
-                    c.stats()
-                return
-            except Exception:
-                time.sleep(0.2)
-        raise TimeoutError(f"kvstore serve did not answer on {self.address} in {timeout}s")
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-
 @pytest.fixture
 def server_process(tmp_path: Path) -> Iterator[Any]:
-    procs: list[ServerProcess] = []
+    """``kvstore serve`` as a real process (crash tests): ``make(data_dir, port, **env)``."""
+    procs: list[LocalServer] = []
 
     def make(data_dir: Path | None = None, port: int | None = None, metrics_port: int = 0,
-             **env: str) -> ServerProcess:
-        base = {
-            "KVSTORE_EVENTS__ENDPOINT": "tcp://127.0.0.1:*",
-            "KVSTORE_EVENTS__REPLAY_ENDPOINT": "tcp://127.0.0.1:*",
-        }
-        p = ServerProcess(data_dir or tmp_path / "data", port or free_port(), {**base, **env},
-                          metrics_port=metrics_port)
+             **env: str) -> LocalServer:
+        p = LocalServer(data_dir or tmp_path / "data", port=port, env=env,
+                        metrics_port=metrics_port)
         procs.append(p)
-        p.start()
+        p.start(timeout=30.0)
         return p
 
     yield make

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -20,15 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from kvstore.tools.harness import free_port
+
 __all__ = ["RedisCluster", "RedisServer", "free_port"]
 
 SHARED_PORT = 6379
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _need_redis() -> None:

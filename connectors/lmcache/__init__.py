@@ -14,8 +14,7 @@ it. Modules: :mod:`.config` (settings), :mod:`.keys` (CacheEngineKey -> namespac
 and block hash), :mod:`.link` (fail-open sidecar calls), :mod:`.ahead` (slots a
 contains held for the get after it), :mod:`.connector` (the ``RemoteConnector``),
 :mod:`.adapter` (how LMCache finds it), :mod:`.cpu_kv` (LMCache's engine on CPU
-tensors, for standalone runs), :mod:`.bench`, :mod:`.breakdown` and :mod:`.compare`
-(measurements).
+tensors, for standalone runs). The measurements are tools: :mod:`kvstore.tools.lmcache`.
 """
 
 from __future__ import annotations

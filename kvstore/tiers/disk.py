@@ -1,6 +1,6 @@
 """The disk tier: append-only segment files, group commit, a compact index.
 
-Design, chosen by measurement (``python -m kvstore.tiers.bench disk`` and
+Design, chosen by measurement (``kvstore bench-tiers disk`` and
 ``restart``; numbers in docs/BENCHMARKS.md): the previous tier wrote one file
 per block with an fsync of the file and of its directory, 0.5-0.6 GB/s on a
 disk that takes 1.4+ GB/s of direct I/O, and restarted by opening every file.

@@ -6,7 +6,7 @@ token ids and everything else about a block stay on disk, in the record and the
 segment footer, and are verified when the record is read). Value: the block's
 location packed into one int: segment id, offset and record length in 4 KiB
 units, payload size in bytes. Together ~120 bytes per block at a million blocks
-(measured by ``python -m kvstore.tiers.bench restart``), against ~1.7 KB when
+(measured by ``kvstore bench-tiers restart``), against ~1.7 KB when
 the index held a BlockMeta and a path per block.
 
 Two hashes of one namespace with the same 64-bit fingerprint (a 2^-64 chance per

@@ -1,7 +1,7 @@
 """A memcached-style slab allocator over one contiguous pool of fixed-size pages.
 
 The DRAM tier's previous allocator, kept as the measured alternative of
-``python -m kvstore.tiers.bench alloc`` (the tier now uses :mod:`kvstore.tiers.tlsf`):
+``kvstore bench-tiers alloc`` (the tier now uses :mod:`kvstore.tiers.tlsf`):
 with mixed block sizes every distinct size pins pages of its own, so a pool of
 16-256 KiB blocks is ~4% usable.
 

@@ -1,6 +1,6 @@
 """The DRAM pool's allocator: two-level segregated fit (TLSF) over one contiguous pool.
 
-Why this scheme (measured with ``python -m kvstore.tiers.bench alloc``; numbers in
+Why this scheme (measured with ``kvstore bench-tiers alloc``; numbers in
 docs/BENCHMARKS.md): a KV sidecar that serves several models or layouts sees a few
 large block sizes per model (16-token blocks: Llama-3-8B 2 MiB in bf16 / 1 MiB in
 fp8, Qwen2.5-7B 896 / 448 KiB, Llama-3-70B at TP 4 1.25 MiB / 640 KiB), and clients

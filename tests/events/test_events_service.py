@@ -13,8 +13,9 @@ import pytest
 
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
-from kvstore.events import EventBus, EventsConfig, cli
+from kvstore.events import EventBus, EventsConfig
 from kvstore.server.events_service import subscribe_events
+from kvstore.tools import events_tail as cli
 from kvstore.types import Medium
 
 from .conftest import chain

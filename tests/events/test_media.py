@@ -100,7 +100,7 @@ def test_the_router_scores_either_vocabulary_as_disk_and_remote(media: str) -> N
 
 
 def test_the_events_tail_shows_locality_ownership_and_session() -> None:
-    from kvstore.events.cli import format_event
+    from kvstore.tools.events_tail import format_event
 
     ev = wire.stored([1], None, [0] * 16, 16, "STORAGE", locality="REMOTE", ownership="redis",
                      session_id="s1")

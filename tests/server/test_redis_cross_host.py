@@ -15,8 +15,8 @@ import pytest
 from kvstore import KVStoreClient, Medium
 from kvstore.events import wire
 from kvstore.hashing import block_hash_to_int
+from kvstore.tools.harness import LocalServer
 from tests.blocks import make_chain
-from tests.conftest import ServerProcess, free_port
 from tests.events.conftest import run_golden
 from tests.redis_servers import delete_prefix
 
@@ -46,11 +46,9 @@ def run(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
     prefix = f"kvtest-{uuid.uuid4().hex[:12]}"
     env = {"KVSTORE_REDIS__ENABLED": "true", "KVSTORE_REDIS__URL": redis_url,
            "KVSTORE_REDIS__KEY_PREFIX": prefix, "KVSTORE_DRAM__CAPACITY": "64MiB",
-           "KVSTORE_DISK__CAPACITY": "256MiB",
-           "KVSTORE_EVENTS__ENDPOINT": "tcp://127.0.0.1:*",
-           "KVSTORE_EVENTS__REPLAY_ENDPOINT": "tcp://127.0.0.1:*"}
+           "KVSTORE_DISK__CAPACITY": "256MiB"}
     base = tmp_path_factory.mktemp("hosts")
-    procs = [ServerProcess(base / name / "data", free_port(), env) for name in ("a", "b")]
+    procs = [LocalServer(base / name / "data", env=env) for name in ("a", "b")]
     try:
         for p in procs:
             p.start()

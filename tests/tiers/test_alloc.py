@@ -8,10 +8,10 @@ from collections import OrderedDict
 import pytest
 
 from kvstore.errors import TierFull
-from kvstore.tiers.bench.alloc import SIZE_MIXES, model_block_sizes
 from kvstore.tiers.dram import DramTier
 from kvstore.tiers.slab import SlabAllocator
 from kvstore.tiers.tlsf import GRANULE, Allocation, TlsfAllocator
+from kvstore.tools.tiers.alloc import SIZE_MIXES, model_block_sizes
 from kvstore.types import BlockKey, BlockMeta
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -1,47 +1,28 @@
 """A real kvstore sidecar as a subprocess: start, kill, restart on the same port.
 
-Standard library only, so both the main venv's pytest and the vLLM venv's
-scenario scripts use it.
+The tools' one harness (:class:`kvstore.tools.harness.LocalServer`, standard library only
+at import) with the vLLM scenarios' defaults, so both the main venv's pytest and the vLLM
+venv's scenario scripts use it.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from kvstore.tools.harness import LocalServer, free_port
 
 __all__ = ["Sidecar", "free_port"]
 
 
-def _to_toml(sections: dict[str, dict[str, str | int | float | bool]]) -> str:
-    lines = []
-    for section, values in sections.items():
-        lines.append(f"[{section}]")
-        for key, value in values.items():
-            if isinstance(value, bool):
-                lines.append(f"{key} = {'true' if value else 'false'}")
-            elif isinstance(value, str):
-                lines.append(f'{key} = "{value}"')
-            else:
-                lines.append(f"{key} = {value}")
-    return "\n".join(lines) + "\n"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Sidecar:
-    """``kvstore serve`` on loopback, with its log in ``data_dir/../<name>.log``.
+class Sidecar(LocalServer):
+    """``kvstore serve`` on loopback, with its log in ``data_dir/../sidecar-<port>.log``.
 
     ``kvstore_bin`` is the ``kvstore`` executable, or a command that runs it
-    (``[sys.executable, "-m", "kvstore.cli"]``)."""
+    (``[sys.executable, "-m", "kvstore.cli"]``). Ready once the port accepts (a sidecar
+    with tenants refuses an anonymous Stats); none of this process's ``VLLM_*``,
+    ``KVSTORE_VLLM*`` or ``KVSTORE_BIN`` variables reach it (``KVSTORE_*`` configure the
+    server), and the event endpoints are the config's own."""
 
     def __init__(
         self,
@@ -50,84 +31,22 @@ class Sidecar:
         port: int | None = None,
         config: dict[str, dict[str, str | int | float | bool]] | None = None,
     ) -> None:
-        self.kvstore_bin = kvstore_bin
-        self.config = config
-        self.data_dir = Path(data_dir)
-        self.port = port or free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = self.data_dir.parent / f"sidecar-{self.port}.log"
+        port = port or free_port()
+        super().__init__(
+            data_dir, port=port, config=config, command=kvstore_bin, ready="tcp",
+            loopback_events=False, drop_env=("VLLM_", "KVSTORE_VLLM", "KVSTORE_BIN"),
+            log_path=Path(data_dir).parent / f"sidecar-{port}.log",
+        )
 
-    def start(self, timeout_s: float = 60.0) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        prefix = [self.kvstore_bin] if isinstance(self.kvstore_bin, str) else list(self.kvstore_bin)
-        cmd = [
-            *prefix,
-            "serve",
-            "--listen",
-            self.address,
-            "--data-dir",
-            str(self.data_dir),
-            "--metrics-port",
-            "0",
-        ]
-        if self.config:
-            toml = self.data_dir.parent / f"sidecar-{self.port}.toml"
-            toml.write_text(_to_toml(self.config))
-            cmd += ["--config", str(toml)]
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
-        # KVSTORE_* variables configure the server: pass none of the test's own.
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("VLLM_", "KVSTORE_VLLM", "KVSTORE_BIN"))
-        }
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        log.close()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"kvstore serve exited with {self.proc.returncode}; "
-                    f"log:\n{self.log_path.read_text()[-3000:]}"
-                )
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"kvstore serve did not listen on {self.address} in {timeout_s} s")
+    def start(self, timeout: float = 60.0) -> Sidecar:
+        super().start(timeout)
+        return self
 
     def kill(self) -> None:
         """SIGKILL: the sidecar dies without any goodbye, as in a crash."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=30)
+        self.kill9()
         self.proc = None
 
-    def pause(self) -> None:
-        """SIGSTOP: the sidecar still accepts connections but never answers (slow)."""
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGCONT)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+    def stop(self, timeout: float = 20.0) -> None:
+        super().stop(timeout)
         self.proc = None
-
-    def __enter__(self) -> Sidecar:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvstore.loadtest.workload import (
+from kvstore.tools.loadtest.workload import (
     Chain,
     LoadSpec,
     Workload,

@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvstore.loadtest.run import FAILURE_COUNTERS, own_server, run
-from kvstore.loadtest.workload import OPS, LoadSpec, parse_mix
+from kvstore.tools.loadtest.run import FAILURE_COUNTERS, own_server, run
+from kvstore.tools.loadtest.workload import OPS, LoadSpec, parse_mix
 
 __all__ = ["LoadSpec", "add_parser", "passed", "print_result", "run"]
 

@@ -1,6 +1,6 @@
 """Crash torture in CI: kill -9 a real server under write load, restart, verify.
 
-The loop itself is :mod:`kvstore.tiers.torture` (``python -m kvstore.tiers.bench crash``
+The loop itself is :mod:`kvstore.tools.torture` (``kvstore torture``
 runs the long form); these are its bounded forms.
 """
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.tiers import torture
+from kvstore.tools import torture
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
 """Redis tier vs raw redis-py, same bytes, same run.
 
-    python -m kvstore.tiers.redisbench [--url redis://127.0.0.1:6379/0]
+    kvstore bench-redis [--url redis://127.0.0.1:6379/0]
         [--cluster-nodes H:P,...] [--local-cluster] [--block-mib 1] [--blocks 64]
         [--clients 1,16] [--repeats 5]
 
@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import contextlib
 import shutil
-import socket
 import statistics
 import subprocess
 import tempfile
@@ -39,15 +38,10 @@ import xxhash
 from kvstore.config import RedisConfig
 from kvstore.tiers.redis import RedisTier
 from kvstore.tiers.redisconn import make_client
+from kvstore.tools.harness import free_port
 from kvstore.types import BlockKey, BlockMeta
 
 __all__ = ["main", "run"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -61,11 +55,11 @@ def local_cluster(masters: int = 3) -> Iterator[list[str]]:
     addrs: list[str] = []
     try:
         for i in range(masters):
-            port = _free_port()
+            port = free_port()
             (tmp / str(i)).mkdir()
             procs.append(subprocess.Popen(
                 ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                 "--cluster-enabled", "yes", "--cluster-port", str(_free_port()),
+                 "--cluster-enabled", "yes", "--cluster-port", str(free_port()),
                  "--cluster-config-file", "nodes.conf", "--dir", str(tmp / str(i)),
                  "--save", "", "--appendonly", "no"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -160,7 +154,8 @@ async def run(cfg: RedisConfig, block: int, blocks: int, clients: int, repeats: 
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(prog="kvstore bench-redis", description=__doc__,
+                                formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--url", default="redis://127.0.0.1:6379/0", help="standalone Redis")
     p.add_argument("--cluster-nodes", default="", help="HOST:PORT,... of a Redis Cluster")
     p.add_argument("--local-cluster", action="store_true",

@@ -1,4 +1,8 @@
-"""``kvstore events``: tail the ``SubscribeEvents`` stream and print one event per line."""
+"""``kvstore events``: tail the ``SubscribeEvents`` stream and print one event per line.
+
+A gRPC client of the server (it may need TLS or a token: :mod:`kvstore.security.client`),
+so it lives with the tools above the service, not in :mod:`kvstore.events`, which the
+engine imports."""
 
 from __future__ import annotations
 

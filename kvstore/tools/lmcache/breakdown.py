@@ -1,6 +1,6 @@
 """Where one LMCache retrieve through the plugin spends its time, one request at a time.
 
-``python -m kvstore.connectors.lmcache.breakdown`` (in the LMCache venv) starts a
+``kvstore bench-lmcache-breakdown`` (in the LMCache venv) starts a
 ``kvstore serve`` (DRAM only), stores ``--requests`` prompts with one engine, retrieves
 them with a fresh one (``local_cpu: false``) and prints, per request: the whole
 retrieve, the plugin's ``batched_contains`` (its ``Lookup``), its get on the plugin's
@@ -21,7 +21,7 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kvstore.connectors.lmcache.breakdown",
+    p = argparse.ArgumentParser(prog="kvstore bench-lmcache-breakdown",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2)
@@ -32,11 +32,11 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
     import xxhash
-    from kvstore.connectors.lmcache import bench
     from kvstore.connectors.lmcache.cpu_kv import PutTracker, destroy_engine, make_engine
 
     import kvstore.client.inplace as inplace
-    from kvstore.bench import _server
+    from kvstore.tools.harness import dram_only_server
+    from kvstore.tools.lmcache import bench
 
     took: dict[str, float] = collections.defaultdict(float)
 
@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     tokens = shape.chunk * shape.chunks
     dims = {"num_layers": shape.layers, "num_kv_heads": shape.kv_heads,
             "head_size": shape.head_size}
-    with _server(f"{args.requests * shape.chunk_bytes * shape.chunks // 2**20 + 256}MiB") as addr:
+    dram = f"{args.requests * shape.chunk_bytes * shape.chunks // 2**20 + 256}MiB"
+    with dram_only_server(dram) as addr:
         config = bench.lmcache_config("kvstore", shape, 1.0, "", addr, zero_copy=not args.copy,
                                       hold_ahead_s=args.hold_ahead_s)
         writer, _ = make_engine(config, **dims)

@@ -1,6 +1,6 @@
 """Disk tier put / get next to raw direct I/O of the same block size, in the same run.
 
-    python -m kvstore.tiers.bench disk [--block-mib 1] [--blocks 256] [--repeats 3]
+    kvstore bench-tiers disk [--block-mib 1] [--blocks 256] [--repeats 3]
                                        [--qd 8] [--dir DIR]
 
 Baseline: ``fio`` (direct I/O, libaio, the same block size, queue depth 1 and
@@ -133,7 +133,7 @@ async def run(block: int, blocks: int, repeats: int, qd: int, base: Path) -> dic
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kvstore.tiers.bench disk", description=__doc__,
+    p = argparse.ArgumentParser(prog="kvstore bench-tiers disk", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--block-mib", type=float, default=1.0)
     p.add_argument("--blocks", type=int, default=256)

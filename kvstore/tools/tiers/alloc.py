@@ -1,6 +1,6 @@
 """How much of a DRAM pool each allocator scheme can use with mixed block sizes.
 
-    python -m kvstore.tiers.bench alloc [--pool-mib 256] [--churn 4] [--seed 0]
+    kvstore bench-tiers alloc [--pool-mib 256] [--churn 4] [--seed 0]
 
 For each size mix (the 16-token block sizes vLLM produces for real model shapes,
 mixed in one pool; random sizes), and each scheme, it reports:
@@ -178,7 +178,7 @@ def buddy_bound(mix: str, seed: int, samples: int = 20_000) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kvstore.tiers.bench alloc", description=__doc__,
+    p = argparse.ArgumentParser(prog="kvstore bench-tiers alloc", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pool-mib", type=int, default=256)
     p.add_argument("--churn", type=float, default=4.0, help="bytes inserted after the fill, x pool")

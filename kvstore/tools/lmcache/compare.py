@@ -1,6 +1,6 @@
 """Retrieve latency of plugin settings side by side, one request at a time, interleaved.
 
-``python -m kvstore.connectors.lmcache.compare`` (in the LMCache venv) starts a
+``kvstore bench-lmcache-compare`` (in the LMCache venv) starts a
 ``kvstore serve`` (DRAM only), stores ``--requests`` prompts through the plugin and
 into LMCache's local CPU backend, then retrieves every prompt with each reader in
 turn (request by request, so each reader sees the same machine at the same
@@ -24,17 +24,17 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kvstore.connectors.lmcache.compare",
+    p = argparse.ArgumentParser(prog="kvstore bench-lmcache-compare",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--repeats", type=int, default=4)
     args = p.parse_args(argv)
 
     import torch
-    from kvstore.connectors.lmcache import bench
     from kvstore.connectors.lmcache.cpu_kv import PutTracker, destroy_engine, make_engine
 
-    from kvstore.bench import _server
+    from kvstore.tools.harness import dram_only_server
+    from kvstore.tools.lmcache import bench
 
     shape = bench.Shape(16, 8, 64, 256, 4)
     tokens = shape.chunk * shape.chunks
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
             "head_size": shape.head_size}
     request_mib = shape.chunk_bytes * shape.chunks // 2**20
     engines: list[Any] = []
-    with _server(f"{args.requests * request_mib + 256}MiB") as addr:
+    with dram_only_server(f"{args.requests * request_mib + 256}MiB") as addr:
         def plugin(hold_ahead_s: float) -> Any:
             config = bench.lmcache_config("kvstore", shape, 1.0, "", addr,
                                           hold_ahead_s=hold_ahead_s)

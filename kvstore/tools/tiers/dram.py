@@ -1,6 +1,6 @@
 """DRAM tier put / get next to a plain memcpy in the same process.
 
-    python -m kvstore.tiers.bench dram [--block-mib 1] [--blocks 256] [--repeats 5]
+    kvstore bench-tiers dram [--block-mib 1] [--blocks 256] [--repeats 5]
 
 memcpy (numpy ``copyto`` into a pre-faulted shared-memory segment) and the warm
 tier alternate within each repeat, so load from other processes hits both
@@ -97,7 +97,7 @@ async def run(block: int, blocks: int, repeats: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kvstore.tiers.bench dram", description=__doc__,
+    p = argparse.ArgumentParser(prog="kvstore bench-tiers dram", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--block-mib", type=float, default=1.0)
     p.add_argument("--blocks", type=int, default=256)

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from kvstore.loadtest import LoadSpec, passed, print_result, run
+from kvstore.tools.loadtest import LoadSpec, passed, print_result, run
 
 #: The server's RSS may not grow by more than this over the second half of the run
 #: (least-squares trend; a 180 s run shows +4 MiB/min once warm): a leak of ~10 KiB
@@ -54,8 +54,8 @@ def test_64_clients_mixed_load_reads_only_the_bytes_written(server_process, caps
 def test_the_checker_catches_a_block_that_is_not_the_one_written(server):
     """What the load test counts as wrong: another block's bytes (the old race), a torn
     copy, a wrong header; a correct block passes."""
-    from kvstore.loadtest.clients import Tally, _Client
-    from kvstore.loadtest.workload import Workload, expected_payload
+    from kvstore.tools.loadtest.clients import Tally, _Client
+    from kvstore.tools.loadtest.workload import Workload, expected_payload
     from kvstore.types import BlockData
 
     wl = Workload(LoadSpec(clients=1, chains=4))

@@ -5,12 +5,6 @@ and collect the server's failure counters. Returns a JSON-able result."""
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -18,8 +12,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kvstore.loadtest.clients import Tally, run_clients
-from kvstore.loadtest.workload import LoadSpec, Workload, expected_payload, token_ids
+from kvstore.tools.harness import temporary_server
+from kvstore.tools.loadtest.clients import Tally, run_clients
+from kvstore.tools.loadtest.workload import LoadSpec, Workload, expected_payload, token_ids
 
 __all__ = ["FAILURE_COUNTERS", "MemorySampler", "own_server", "run"]
 
@@ -95,51 +90,14 @@ class MemorySampler:
         }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def own_server(dram: str, disk: str, env: dict[str, str] | None = None
                ) -> Iterator[tuple[str, int, Path]]:
     """A ``kvstore serve`` process on a free loopback port with DRAM + disk tiers and
     a throwaway data dir; yields (address, pid, log path)."""
-    tmp = tempfile.mkdtemp(prefix="kvstore-loadtest-")
-    port = _free_port()
-    full_env = {**os.environ, "KVSTORE_DRAM__CAPACITY": dram, "KVSTORE_DISK__CAPACITY": disk,
-                "KVSTORE_EVENTS__ENDPOINT": "tcp://127.0.0.1:*",
-                "KVSTORE_EVENTS__REPLAY_ENDPOINT": "tcp://127.0.0.1:*", **(env or {})}
-    log_path = Path(tmp, "server.log")
-    log = open(log_path, "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvstore", "serve", "--listen", f"127.0.0.1:{port}",
-         "--data-dir", tmp, "--metrics-port", "0"],
-        env=full_env, stdout=log, stderr=subprocess.STDOUT)
-    address = f"127.0.0.1:{port}"
-    try:
-        from kvstore.client import KVStoreClient
-
-        for _ in range(300):
-            if proc.poll() is not None:
-                raise RuntimeError(f"kvstore serve exited: {log_path.read_text()}")
-            try:
-                with KVStoreClient(address, timeout=1, shared_memory=False) as c:
-                    c.stats()
-                break
-            except Exception:
-                time.sleep(0.1)
-        yield address, proc.pid, log_path
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+    full_env = {"KVSTORE_DRAM__CAPACITY": dram, "KVSTORE_DISK__CAPACITY": disk, **(env or {})}
+    with temporary_server(full_env, prefix="kvstore-loadtest-") as server:
+        yield server.address, server.pid, server.log_path
 
 
 def _final_check(spec: LoadSpec, address: str) -> dict[str, int]:

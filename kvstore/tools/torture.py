@@ -1,6 +1,6 @@
 """Crash torture: ``kill -9`` a real ``kvstore serve`` under write load, restart, verify.
 
-    python -m kvstore.tiers.bench crash [--iterations 50] [--writers 2] [--policy lru]
+    kvstore torture [--iterations 50] [--writers 2] [--policy lru]
                                         [--dir DIR]
 
 Each iteration: writers put chained blocks (random sizes, random bytes) into a
@@ -32,14 +32,9 @@ point, ``disk.max_write_delay_s``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import platform
 import random
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -52,6 +47,7 @@ import numpy as np
 import xxhash
 
 from kvstore.hashing import block_hash_to_int
+from kvstore.tools.harness import LocalServer
 
 __all__ = ["Torture", "TortureResult", "in_commit", "main"]
 
@@ -90,59 +86,6 @@ def commit_probe_works() -> bool:
             return bool(f.read().strip())
     except OSError:
         return False
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    """``kvstore serve`` in a subprocess on a fixed data dir and port."""
-
-    def __init__(self, data_dir: Path, port: int, env: dict[str, str]):
-        self.data_dir, self.port, self.env = data_dir, port, env
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = data_dir.parent / "torture-server.log"
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 60.0) -> None:
-        from kvstore.client import KVStoreClient
-
-        exe = shutil.which("kvstore", path=str(Path(sys.executable).parent)) or "kvstore"
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [exe, "serve", "--listen", self.address, "--data-dir", str(self.data_dir),
-                 "--metrics-port", "0"], env={**os.environ, **self.env},
-                stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kvstore serve exited with {self.proc.returncode}; "
-                                   f"log: {self.log}")
-            with contextlib.suppress(Exception):
-                with KVStoreClient(self.address, timeout=1.0, shared_memory=False) as c:
-                    c.stats()
-                return
-            time.sleep(0.1)
-        raise TimeoutError(f"kvstore serve did not answer on {self.address}")
-
-    def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill9()
 
 
 @dataclass
@@ -196,10 +139,9 @@ class Torture:
         # disk tier commits all the time and a kill lands inside a commit.
         self.policy = policy
         env = {"KVSTORE_DRAM__CAPACITY": "32MiB", "KVSTORE_DISK__CAPACITY": "16GiB",
-               "KVSTORE_ENGINE__POLICY": policy,
-               "KVSTORE_EVENTS__ENDPOINT": "tcp://127.0.0.1:*",
-               "KVSTORE_EVENTS__REPLAY_ENDPOINT": "tcp://127.0.0.1:*"}
-        self.server = Server(self.data_dir, _free_port(), env)
+               "KVSTORE_ENGINE__POLICY": policy}
+        self.server = LocalServer(self.data_dir, env=env,
+                                  log_path=base / "torture-server.log")
         self._lock = threading.Lock()
 
     # ---- one iteration ------------------------------------------------------------
@@ -239,8 +181,7 @@ class Torture:
         self.result.seconds += time.monotonic() - t0
 
     def _kill(self, commit_kill: bool) -> str | None:
-        assert self.server.proc is not None
-        pid = self.server.proc.pid
+        pid = self.server.pid
         time.sleep(self.rng.uniform(0.3, 1.2))
         seen = None
         if commit_kill:
@@ -432,7 +373,7 @@ def run(iterations: int, base: Path, *, commit_every: int = 2, writers: int = 2,
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kvstore.tiers.bench crash", description=__doc__,
+    p = argparse.ArgumentParser(prog="kvstore torture", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--iterations", type=int, default=50)
     p.add_argument("--writers", type=int, default=2)

@@ -17,6 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvstore.tools.harness import dram_only_server
+from kvstore.tools.measure import make_blocks, measure
+
 __all__ = ["make_certificates", "print_results", "run"]
 
 _EC = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
@@ -38,7 +41,6 @@ def make_certificates(where: Path) -> tuple[str, str, str]:
 
 
 def run(total_bytes: int, repeats: int) -> dict[str, Any]:
-    from kvstore.bench import _measure, _server
     from kvstore.security.client import ClientSecurity
 
     rows: list[dict[str, Any]] = []
@@ -52,9 +54,9 @@ def run(total_bytes: int, repeats: int) -> dict[str, Any]:
         tenants.write_text('[[tenants]]\nname = "bench"\ntoken = "bench-token"\n'
                            'namespaces = ["*"]\nrights = ["read", "write", "admin"]\n')
         token = ClientSecurity(token="bench-token")
-        with _server(dram, security=plain) as plain_addr, \
-                _server(dram, tls_env, security=tls) as tls_addr, \
-                _server("64MiB", {"KVSTORE_AUTH__TENANTS_FILE": str(tenants)},
+        with dram_only_server(dram, security=plain) as plain_addr, \
+                dram_only_server(dram, tls_env, security=tls) as tls_addr, \
+                dram_only_server("64MiB", {"KVSTORE_AUTH__TENANTS_FILE": str(tenants)},
                         security=token) as token_addr:
             lookup = _lookup_ms(plain_addr, plain, token_addr, token)
             for size in (2**20, 64 * 2**10):
@@ -62,7 +64,7 @@ def run(total_bytes: int, repeats: int) -> dict[str, Any]:
                 best: dict[str, dict[str, float]] = {"plain": {}, "tls": {}}
                 for _ in range(repeats):  # alternating: both see the same load
                     for mode, addr, sec in (("plain", plain_addr, plain), ("tls", tls_addr, tls)):
-                        for op, s in _measure(addr, "grpc", size, n, 1, security=sec).items():
+                        for op, s in measure(addr, "grpc", size, n, 1, security=sec).items():
                             best[mode][op] = min(best[mode].get(op, s), s)
                 row: dict[str, Any] = {"block": size, "blocks": n}
                 for op in best["plain"]:
@@ -77,10 +79,9 @@ def run(total_bytes: int, repeats: int) -> dict[str, Any]:
 
 def _lookup_ms(plain_addr: str, plain: Any, token_addr: str, token: Any) -> dict[str, float]:
     """p50 of 1,000-hash Lookups without and with a token, rounds alternating."""
-    from kvstore.bench import _blocks
     from kvstore.client import KVStoreClient
 
-    blocks = _blocks(1000, 256, seed=4)
+    blocks = make_blocks(1000, 256, seed=4)
     hashes = [b.block_hash for b in blocks]
     lat: dict[str, list[float]] = {"plain": [], "token": []}
     with KVStoreClient(plain_addr, security=plain, shared_memory=False) as p, \

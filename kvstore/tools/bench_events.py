@@ -1,4 +1,4 @@
-"""Event stream benchmark: ``python -m kvstore.events.bench``.
+"""Event stream benchmark: ``kvstore bench-events``.
 
 1. Throughput: block events per second through the bus and the ZMQ PUB socket
    (``BlockMeta`` in, msgpack batches on the wire), received and counted by a
@@ -192,7 +192,7 @@ async def run(blocks: int, latency_batches: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvstore.events.bench")
+    parser = argparse.ArgumentParser(prog="kvstore bench-events")
     parser.add_argument("--blocks", type=int, default=200_000)
     parser.add_argument("--latency-batches", type=int, default=2000)
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """LMCache through the kvstore plugin vs LMCache's own backends, in one run.
 
-``python -m kvstore.connectors.lmcache.bench`` (in a venv with lmcache 0.5.6) runs real
+``kvstore bench-lmcache`` (in a venv with lmcache 0.5.6) runs real
 ``LMCacheEngine`` s on CPU tensors (:mod:`.cpu_kv`) against three backends, one after
 the other, on the same prompts and KV bytes:
 
@@ -195,20 +195,14 @@ def run_backend(backend: str, config: dict[str, Any], shape: Shape, levels: list
     return results
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def _redis_server() -> Iterator[str]:
     exe = shutil.which("redis-server")
     if exe is None:
         raise SystemExit("redis-server is not on PATH (or pass --redis-url)")
-    port = _free_port()
+    from kvstore.tools.harness import free_port
+
+    port = free_port()
     proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no"], stdout=subprocess.DEVNULL)
     try:
@@ -266,7 +260,7 @@ def _best(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from kvstore.bench import _server
+    from kvstore.tools.harness import dram_only_server
 
     shape = Shape(args.layers, args.kv_heads, args.head_size, args.chunk_size, args.chunks)
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -281,7 +275,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if "redis" in backends:
             where["redis"] = args.redis_url or stack.enter_context(_redis_server())
         if "kvstore" in backends:
-            where["kvstore"] = stack.enter_context(_server(f"{per_level * 3 // 2**21 + 64}MiB"))
+            dram = f"{per_level * 3 // 2**21 + 64}MiB"
+            where["kvstore"] = stack.enter_context(dram_only_server(dram))
         for rnd in range(args.rounds):  # rounds alternate backends: load changes over time
             results: dict[str, Any] = {}
             for backend in backends:
@@ -356,7 +351,7 @@ def _print(r: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kvstore.connectors.lmcache.bench",
+    p = argparse.ArgumentParser(prog="kvstore bench-lmcache",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--backends", default=",".join(BACKENDS))
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated thread counts")

@@ -1,6 +1,6 @@
 """Disk tier restart time and index memory with many small blocks.
 
-    python -m kvstore.tiers.bench restart [--blocks 1000000] [--block-bytes 1024] [--dir DIR]
+    kvstore bench-tiers restart [--blocks 1000000] [--block-bytes 1024] [--dir DIR]
 
 Fills a disk tier with ``--blocks`` blocks (16 token ids each, as vLLM's
 16-token blocks carry), closes it, drops the page cache when it may (root), then
@@ -92,13 +92,13 @@ def _drop_caches() -> bool:
 
 
 def _child(root: Path) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-m", "kvstore.tiers.bench.restart", "--child",
+    out = subprocess.run([sys.executable, "-m", "kvstore.tools.tiers.restart", "--child",
                           str(root)], capture_output=True, text=True, check=True)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kvstore.tiers.bench restart", description=__doc__,
+    p = argparse.ArgumentParser(prog="kvstore bench-tiers restart", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--blocks", type=int, default=1_000_000)
     p.add_argument("--block-bytes", type=int, default=1024)

@@ -1,10 +1,10 @@
 """Tier benchmarks, each next to its raw baseline measured in the same run.
 
-    python -m kvstore.tiers.bench dram     [--block-mib 1] [--blocks 256] [--repeats 5]
-    python -m kvstore.tiers.bench disk     [--block-mib 1] [--blocks 256] [--dir DIR]
-    python -m kvstore.tiers.bench alloc    [--pool-mib 256]
-    python -m kvstore.tiers.bench restart  [--blocks 1000000] [--dir DIR]
-    python -m kvstore.tiers.bench crash    [--iterations 50]
+    kvstore bench-tiers dram     [--block-mib 1] [--blocks 256] [--repeats 5]
+    kvstore bench-tiers disk     [--block-mib 1] [--blocks 256] [--dir DIR]
+    kvstore bench-tiers alloc    [--pool-mib 256]
+    kvstore bench-tiers restart  [--blocks 1000000] [--dir DIR]
+    kvstore torture    [--iterations 50]
 
 Timings only, no assertions: tests assert behaviour, these measure it. Each
 subcommand's ``-h`` says what it prints.
@@ -18,11 +18,11 @@ import sys
 __all__ = ["main"]
 
 COMMANDS = {
-    "dram": "kvstore.tiers.bench.dram",
-    "disk": "kvstore.tiers.bench.disk",
-    "alloc": "kvstore.tiers.bench.alloc",
-    "restart": "kvstore.tiers.bench.restart",
-    "crash": "kvstore.tiers.torture",
+    "dram": "kvstore.tools.tiers.dram",
+    "disk": "kvstore.tools.tiers.disk",
+    "alloc": "kvstore.tools.tiers.alloc",
+    "restart": "kvstore.tools.tiers.restart",
+    "crash": "kvstore.tools.torture",
 }
 
 

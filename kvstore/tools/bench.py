@@ -1,6 +1,7 @@
 """``kvstore bench``: data-plane throughput and lookup latency, with baselines.
 
-Starts a real ``kvstore serve`` (DRAM only, so disk write-back does not compete)
+Starts a real ``kvstore serve`` (DRAM only, so disk write-back does not compete;
+:func:`kvstore.tools.harness.dram_only_server`)
 unless ``--address`` points at a running one, then puts and gets blocks through
 the shared-memory plane and through gRPC streaming and prints GB/s next to a
 plain memcpy of the same bytes measured in the same run.
@@ -10,79 +11,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from kvstore.tools.harness import dram_only_server
+from kvstore.tools.measure import make_blocks, measure
+
 __all__ = ["add_parser", "run"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def _server(dram: str, env_extra: dict[str, str] | None = None, security: Any = None
-            ) -> Iterator[str]:
-    tmp = tempfile.mkdtemp(prefix="kvstore-bench-")
-    port = _free_port()
-    env = {**os.environ, "KVSTORE_DISK__ENABLED": "false", "KVSTORE_DRAM__CAPACITY": dram,
-           "KVSTORE_EVENTS__ENDPOINT": "tcp://127.0.0.1:*",
-           "KVSTORE_EVENTS__REPLAY_ENDPOINT": "tcp://127.0.0.1:*", **(env_extra or {})}
-    log = open(os.path.join(tmp, "server.log"), "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvstore", "serve", "--listen", f"127.0.0.1:{port}",
-         "--data-dir", tmp, "--metrics-port", "0"],
-        env=env, stdout=log, stderr=subprocess.STDOUT)
-    address = f"127.0.0.1:{port}"
-    try:
-        from kvstore.client import KVStoreClient
-
-        for _ in range(200):
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {Path(tmp, 'server.log').read_text()}")
-            try:
-                with KVStoreClient(address, timeout=1, shared_memory=False,
-                                   security=security) as c:
-                    c.stats()
-                break
-            except Exception:
-                time.sleep(0.1)
-        yield address
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _blocks(n: int, size: int, seed: int) -> list[Any]:
-    from kvstore import BlockData
-
-    rng = np.random.default_rng(seed)
-    out, parent = [], None
-    for i in range(n):
-        h = rng.bytes(32)
-        out.append(BlockData(h, parent, list(range(i, i + 16)), rng.bytes(size)))
-        parent = h
-    return out
 
 
 def _memcpy_gbps(size: int, n: int, repeats: int = 5) -> float:
@@ -97,35 +36,6 @@ def _memcpy_gbps(size: int, n: int, repeats: int = 5) -> float:
     return size * n / best / 1e9
 
 
-def _measure(address: str, path: str, size: int, n: int, repeats: int, security: Any = None
-             ) -> dict[str, float]:
-    """Best-of-N put, get (new bytes per block) and get_into (caller's buffer) times."""
-    from kvstore.client import KVStoreClient
-
-    blocks = _blocks(n, size, seed=size)
-    hashes = [b.block_hash for b in blocks]
-    dest = np.empty(n * size, np.uint8)
-    views = [dest[i * size:(i + 1) * size] for i in range(n)]
-    put_s = get_s = into_s = float("inf")
-    with KVStoreClient(address, shared_memory=path == "shm", security=security) as c:
-        for rep in range(repeats):
-            ns = f"bench-{path}-{size}-{rep}"
-            t = time.perf_counter()
-            c.put(ns, blocks)
-            put_s = min(put_s, time.perf_counter() - t)
-            t = time.perf_counter()
-            got = c.get(ns, hashes)
-            get_s = min(get_s, time.perf_counter() - t)
-            t = time.perf_counter()
-            sizes = c.get_into(ns, hashes, views)
-            into_s = min(into_s, time.perf_counter() - t)
-            if [g.payload if g else None for g in got] != [b.payload for b in blocks] or \
-                    sizes != [size] * n or dest[:size].tobytes() != blocks[0].payload:
-                raise RuntimeError(f"{path}: data read back differs from data written")
-            c.delete(ns)
-    return {"put": put_s, "get": get_s, "get_into": into_s}
-
-
 def run(address: str, total_bytes: int, repeats: int) -> dict[str, Any]:
     from kvstore.client import KVStoreClient
 
@@ -134,7 +44,7 @@ def run(address: str, total_bytes: int, repeats: int) -> dict[str, Any]:
         n = max(16, total_bytes // size)
         memcpy = _memcpy_gbps(size, n)
         for path in ("shm", "grpc"):
-            t = _measure(address, path, size, n, repeats if path == "shm" else 2)
+            t = measure(address, path, size, n, repeats if path == "shm" else 2)
             row: dict[str, Any] = {"block": size, "blocks": n, "path": path,
                                    "memcpy_gbps": round(memcpy, 2)}
             for op, seconds in t.items():
@@ -144,7 +54,7 @@ def run(address: str, total_bytes: int, repeats: int) -> dict[str, Any]:
             results["rows"].append(row)
     # Lookup latency: 1,000 hashes, all stored.
     with KVStoreClient(address) as c:
-        blocks = _blocks(1000, 4096, seed=3)
+        blocks = make_blocks(1000, 4096, seed=3)
         c.put("bench-lookup", blocks)
         hashes = [b.block_hash for b in blocks]
         lat: list[float] = []
@@ -193,7 +103,7 @@ def _print(results: dict[str, Any]) -> None:
 def _main(args: argparse.Namespace) -> int:
     total = int(args.mib * 2**20)
     if args.tls:
-        from kvstore.security import bench as tls_bench
+        from kvstore.tools import bench_tls as tls_bench
 
         results = tls_bench.run(total, args.repeats)
         tls_bench.print_results(results)
@@ -203,7 +113,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.address:
         results = run(args.address, total, args.repeats)
     else:
-        with _server(f"{max(512, int(args.mib * 3))}MiB") as address:
+        with dram_only_server(f"{max(512, int(args.mib * 3))}MiB") as address:
             results = run(address, total, args.repeats)
     _print(results)
     if args.json:

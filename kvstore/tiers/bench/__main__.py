@@ -1,3 +1,0 @@
-from kvstore.tiers.bench import main
-
-main()

@@ -1,0 +1,53 @@
+"""What both data-plane benchmarks (``kvstore bench`` and ``kvstore bench --tls``) time:
+the blocks they put and one best-of-N put / get / get_into round against a server."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+__all__ = ["make_blocks", "measure"]
+
+
+def make_blocks(n: int, size: int, seed: int) -> list[Any]:
+    """A chain of ``n`` blocks of ``size`` random bytes (each the parent of the next)."""
+    from kvstore import BlockData
+
+    rng = np.random.default_rng(seed)
+    out, parent = [], None
+    for i in range(n):
+        h = rng.bytes(32)
+        out.append(BlockData(h, parent, list(range(i, i + 16)), rng.bytes(size)))
+        parent = h
+    return out
+
+
+def measure(address: str, path: str, size: int, n: int, repeats: int, security: Any = None
+            ) -> dict[str, float]:
+    """Best-of-N put, get (new bytes per block) and get_into (caller's buffer) times."""
+    from kvstore.client import KVStoreClient
+
+    blocks = make_blocks(n, size, seed=size)
+    hashes = [b.block_hash for b in blocks]
+    dest = np.empty(n * size, np.uint8)
+    views = [dest[i * size:(i + 1) * size] for i in range(n)]
+    put_s = get_s = into_s = float("inf")
+    with KVStoreClient(address, shared_memory=path == "shm", security=security) as c:
+        for rep in range(repeats):
+            ns = f"bench-{path}-{size}-{rep}"
+            t = time.perf_counter()
+            c.put(ns, blocks)
+            put_s = min(put_s, time.perf_counter() - t)
+            t = time.perf_counter()
+            got = c.get(ns, hashes)
+            get_s = min(get_s, time.perf_counter() - t)
+            t = time.perf_counter()
+            sizes = c.get_into(ns, hashes, views)
+            into_s = min(into_s, time.perf_counter() - t)
+            if [g.payload if g else None for g in got] != [b.payload for b in blocks] or \
+                    sizes != [size] * n or dest[:size].tobytes() != blocks[0].payload:
+                raise RuntimeError(f"{path}: data read back differs from data written")
+            c.delete(ns)
+    return {"put": put_s, "get": get_s, "get_into": into_s}

@@ -1,0 +1,3 @@
+from kvstore.tools.tiers import main
+
+main()

@@ -1,0 +1,63 @@
+"""Every tool is a ``kvstore <tool>`` subcommand (kvstore.tools), and the one harness
+(:class:`kvstore.tools.harness.LocalServer`) says what went wrong when a server does not start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvstore import cli
+from kvstore.tools import PASSTHROUGH
+from kvstore.tools.harness import LocalServer, free_port, temporary_server, to_toml
+
+TOOLS = ("bench", "loadtest", "events", *PASSTHROUGH)
+
+
+def test_kvstore_help_lists_every_tool(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for name in TOOLS:
+        assert f"    {name}" in out, name
+
+
+@pytest.mark.parametrize("name", sorted(PASSTHROUGH))
+def test_each_passthrough_tool_runs_its_own_parser(name: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([name, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert f"kvstore {name}" in out, out[:500]
+
+
+def test_bench_tiers_names_its_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench-tiers", "nonsense"]) == 2
+    out = capsys.readouterr().out
+    for sub in ("dram", "disk", "alloc", "restart"):
+        assert f"kvstore bench-tiers {sub}" in out
+
+
+def test_a_server_that_cannot_start_is_reported_with_its_log(tmp_path: Path) -> None:
+    server = LocalServer(tmp_path / "data", env={"KVSTORE_DRAM__CAPACITY": "lots"})
+    with pytest.raises(RuntimeError, match=r"(?s)exited with 2; log .*dram\.capacity.*lots"):
+        server.start(timeout=60)
+    assert server.log_path.exists()
+
+
+def test_temporary_server_serves_and_removes_its_data_dir() -> None:
+    from kvstore.client import KVStoreClient
+
+    with temporary_server() as server:
+        data = server.data_dir
+        with KVStoreClient(server.address, shared_memory=False) as c:
+            assert c.stats().blocks == 0
+        assert data.exists()
+    assert server.proc is not None and server.proc.poll() is not None
+    assert not data.exists()
+
+
+def test_free_port_and_toml() -> None:
+    assert 0 < free_port() < 65536
+    assert to_toml({"engine": {"policy": "lru", "x": 2, "on": True}}) == \
+        '[engine]\npolicy = "lru"\nx = 2\non = true\n'
