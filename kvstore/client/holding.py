@@ -2,10 +2,9 @@
 
 The blocks come back as views of the server's shared memory that outlive the call
 (a :class:`~kvstore.client.held.HeldRead` whose lease the client renews while any view
-is held). Apart from :mod:`kvstore.client.inplace`, whose reads end with the call, as
-these do not: what they add is the lease's life after the call (its renewal and its
-end), built here on the in-place plumbing (:meth:`InPlace._checksums`,
-:meth:`InPlace._background`).
+is held). Kept apart from :mod:`kvstore.client.inplace`, whose reads end with the
+call: what these add is the lease's life after the call (its renewal and its end),
+built on the in-place plumbing (:meth:`InPlace._checksums`, :meth:`InPlace._background`).
 """
 
 from __future__ import annotations
