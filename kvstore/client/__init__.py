@@ -11,12 +11,12 @@ from kvstore.client._common import (
     LeaseRead,
     LookupResult,
     QuotaStat,
-    SlotBuffer,
     Stats,
     TierStat,
 )
 from kvstore.client.aio import AsyncKVStoreClient
 from kvstore.client.held import HeldRead
+from kvstore.client.segments import SlotBuffer
 from kvstore.client.sync import KVStoreClient
 from kvstore.security.client import ClientSecurity
 

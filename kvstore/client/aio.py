@@ -15,7 +15,6 @@ from kvstore.client._common import (
     BlockSink,
     LookupResult,
     PayloadSink,
-    SegmentCache,
     Stats,
     batches,
     block_from_pb,
@@ -28,6 +27,7 @@ from kvstore.client._common import (
     translate,
 )
 from kvstore.client.probe import probe_failed, use_segments
+from kvstore.client.segments import SegmentCache
 from kvstore.errors import InvalidArgument, KVStoreError, TierFull
 from kvstore.security.client import ClientSecurity
 from kvstore.types import BlockData

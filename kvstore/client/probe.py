@@ -24,7 +24,7 @@ from typing import Any
 
 from kvstore._host import host_id
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
-from kvstore.client._common import SegmentCache
+from kvstore.client.segments import SegmentCache
 from kvstore.errors import FailedPrecondition, KVStoreError, PermissionDenied, Unavailable
 
 __all__ = ["FALLBACK_REASONS", "fallback_counter", "probe_failed", "use_segments"]

@@ -19,8 +19,6 @@ from kvstore.client._common import (
     BlockSpec,
     LookupResult,
     PayloadSink,
-    SegmentCache,
-    SlotBuffer,
     Stats,
     block_from_pb,
     copy_into,
@@ -31,8 +29,9 @@ from kvstore.client._common import (
     translate,
 )
 from kvstore.client.held import Renewer
-from kvstore.client.inplace import InPlace
+from kvstore.client.holding import Holding
 from kvstore.client.probe import probe_failed, use_segments
+from kvstore.client.segments import SegmentCache, SlotBuffer
 from kvstore.errors import InvalidArgument, KVStoreError
 from kvstore.security.client import ClientSecurity
 from kvstore.types import BlockData
@@ -48,7 +47,7 @@ T = TypeVar("T")
 _MAX_MESSAGE = 256 * 2**20
 
 
-class KVStoreClient(InPlace):
+class KVStoreClient(Holding):
     """``KVStoreClient("127.0.0.1:50051")``; a context manager; thread-safe for calls.
 
     ``shared_memory``: ``None`` = use it when the server is on this host,

@@ -102,7 +102,7 @@ class KVStoreServer:
         # Before anything starts: an exposed port without credentials is refused at once.
         security = ServerSecurity.from_config(cfg)
         security.check_exposure(cfg.server.listen)
-        from kvstore.tiers.segment import make_private_dir
+        from kvstore.tiers.disk.segment import make_private_dir
 
         make_private_dir(Path(cfg.data_dir))
         from kvstore.events import VllmCacheMirror, build_bus, build_ingest

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 from kvstore.tiers.base import PersistentTier, Slot, SlotTier, Tier
 
 if TYPE_CHECKING:
-    from kvstore.tiers.disk import DiskTier
+    from kvstore.tiers.disk.tier import DiskTier
     from kvstore.tiers.dram import DramTier
     from kvstore.tiers.memory import MemoryTier
 
 __all__ = ["DiskTier", "DramTier", "MemoryTier", "PersistentTier", "Slot", "SlotTier", "Tier"]
 
 _LAZY = {
-    "DiskTier": "kvstore.tiers.disk",
+    "DiskTier": "kvstore.tiers.disk.tier",
     "DramTier": "kvstore.tiers.dram",
     "MemoryTier": "kvstore.tiers.memory",
 }

@@ -37,11 +37,11 @@ from typing import Any
 
 import xxhash
 
-from kvstore.config import RedisConfig
 from kvstore.errors import BlockNotFound, DataCorruption, KVStoreError, TierUnavailable
 from kvstore.tiers._common import as_bytes_view, check_put, tier_full
 from kvstore.tiers.base import RemoteBlock, Tier
 from kvstore.tiers.rediscmds import Commands, Write
+from kvstore.tiers.redisconfig import RedisConfig
 from kvstore.tiers.redisconn import Down, Link, make_client
 from kvstore.tiers.redisformat import BadValue, Header, KeyNames, chunk_count, decode_header
 from kvstore.tiers.redisledger import Ledger

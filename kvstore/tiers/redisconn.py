@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from kvstore.config import RedisConfig
+from kvstore.tiers.redisconfig import RedisConfig
 
 __all__ = ["Down", "Link", "make_client", "raise_transient"]
 

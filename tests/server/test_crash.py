@@ -47,7 +47,7 @@ def _on_disk(root: Path) -> tuple[list[bytes], Path, int, Path, int]:
     """Open the disk tier offline, as a restart would: (hashes of the blocks it
     recovered, and where the first and last of them lie: segment file, offset)."""
     from kvstore.tiers.disk import DiskTier
-    from kvstore.tiers.diskindex import offset_of, seg_of
+    from kvstore.tiers.disk.index import offset_of, seg_of
 
     async def run() -> tuple[list[bytes], Path, int, Path, int]:
         tier = DiskTier(root, 1 << 30)

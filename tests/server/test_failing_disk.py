@@ -57,7 +57,7 @@ def test_failed_demotions_are_warned_counted_and_degrade_health(
     from prometheus_client import generate_latest
 
     from kvstore.metrics import make_registry
-    from kvstore.tiers import disklog
+    from kvstore.tiers.disk import log as disklog
 
     eio = Eio(disklog.write_at)
     monkeypatch.setattr(disklog, "write_at", eio)

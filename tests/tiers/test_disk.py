@@ -24,8 +24,8 @@ import pytest
 from kvstore.errors import DataCorruption, TierFull, TierUnavailable
 from kvstore.tiers.base import PersistentTier
 from kvstore.tiers.disk import DiskTier
-from kvstore.tiers.diskformat import ALIGN, RECORD
-from kvstore.tiers.diskindex import offset_of, seg_of
+from kvstore.tiers.disk.format import ALIGN, RECORD
+from kvstore.tiers.disk.index import offset_of, seg_of
 from kvstore.types import BlockKey, Workload
 
 from .conftest import CAPACITY, block, key, meta_for, payload

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
-from kvstore.tiers.diskformat import decode_tokens
+from kvstore.tiers.disk.format import decode_tokens
 from kvstore.types import BlockKey, BlockMeta, Workload
 
 if TYPE_CHECKING:
-    from kvstore.tiers.diskrecover import RecoveryReport
+    from kvstore.tiers.disk.recover import RecoveryReport
 
 __all__ = [
     "KeyTable",

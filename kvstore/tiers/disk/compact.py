@@ -23,14 +23,14 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvstore.tiers.diskformat import BadSegment, entry_meta
-from kvstore.tiers.diskindex import offset_of, record_len_of, seg_of
-from kvstore.tiers.disklog import Segment, Write
-from kvstore.tiers.segment import SegmentFile, punch, read_footer, remove_segment, write_kills
+from kvstore.tiers.disk.format import BadSegment, entry_meta
+from kvstore.tiers.disk.index import offset_of, record_len_of, seg_of
+from kvstore.tiers.disk.log import Segment, Write
+from kvstore.tiers.disk.segment import SegmentFile, punch, read_footer, remove_segment, write_kills
 from kvstore.types import BlockKey, BlockMeta
 
 if TYPE_CHECKING:
-    from kvstore.tiers.disk import DiskTier
+    from kvstore.tiers.disk.tier import DiskTier
 
 __all__ = ["Compactor", "Killer"]
 

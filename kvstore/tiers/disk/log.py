@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from kvstore.tiers.diskformat import (
+from kvstore.tiers.disk.format import (
     ALIGN,
     RECORD,
     Footer,
@@ -44,7 +44,7 @@ from kvstore.tiers.diskformat import (
     encode_tokens,
     record_meta_of,
 )
-from kvstore.tiers.segment import SegmentFile, aligned, create_segment, write_at, write_footer
+from kvstore.tiers.disk.segment import SegmentFile, aligned, create_segment, write_at, write_footer
 from kvstore.types import BlockMeta
 
 __all__ = ["ChangedPayload", "GroupWriter", "Segment", "Write"]

@@ -4,7 +4,7 @@ Record writes and reads use ``O_DIRECT`` where the filesystem allows it (the dat
 goes from an aligned buffer straight to the device: no page-cache copy, no
 double caching of what the DRAM tier already caches); footers and kill lists
 are small and go through the page cache. The format is in
-:mod:`kvstore.tiers.diskformat`.
+:mod:`kvstore.tiers.disk.format`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from kvstore.tiers.diskformat import (
+from kvstore.tiers.disk.format import (
     ALIGN,
     KILL,
     RECORD,
