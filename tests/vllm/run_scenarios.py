@@ -189,6 +189,15 @@ def turn_end_hints(llm: Any, address: str, mark: int, plain: int) -> dict[str, A
     return {"first": first, "next": nxt, "profile_gaps": gaps}
 
 
+def counting_sidecar(kvstore_bin: str, count_file: Path) -> list[str]:
+    """The command of a sidecar that counts its Lookup RPCs (``counting_sidecar.py``),
+    run by the interpreter of ``kvstore_bin`` (the server's venv)."""
+    with open(kvstore_bin, "rb") as f:
+        shebang = f.readline().decode().strip()
+    python = shebang[2:].strip() if shebang.startswith("#!") else sys.executable
+    return [python, str(REPO / "tests" / "vllm" / "counting_sidecar.py"), str(count_file)]
+
+
 def close(llm: Any) -> None:
     llm.llm_engine.engine_core.shutdown()
     del llm
@@ -396,7 +405,11 @@ def main() -> None:
         # scheduler preempts; on a fresh sidecar, so its profile and Lookup count are
         # this engine's alone.
         mark, plain = marker_tokens(ref["mark"])
-        fresh = Sidecar(args.kvstore_bin, work / "sidecar2-data")
+        # (S is still up and owns the events ports: S2 publishes none.) S2 counts
+        # every Lookup RPC: the server itself counts a request's repeats once.
+        counts = work / "sidecar2-lookups"
+        fresh = Sidecar(counting_sidecar(args.kvstore_bin, counts), work / "sidecar2-data",
+                        config={"events": {"enabled": False}})
         fresh.start()
         try:
             t3 = time.monotonic()
@@ -406,10 +419,9 @@ def main() -> None:
             timings["engine3_start"] = time.monotonic() - t3
             result["hints"] = turn_end_hints(llm, fresh.address, mark, plain)
             result["hints"]["mark"], result["hints"]["plain"] = mark, plain
-            before = stats(fresh.address)
+            before = int(counts.read_text())
             result["squeeze"] = run(llm, SQUEEZE, max_tokens=SQUEEZE_TOKENS)
-            result["squeeze_lookups"] = {"before": before and before.get("lookups"),
-                                         "after": (stats(fresh.address) or {}).get("lookups")}
+            result["squeeze_lookups"] = {"before": before, "after": int(counts.read_text())}
             close(llm)
         finally:
             fresh.stop()

@@ -194,8 +194,8 @@ def test_turn_end_hint_follows_what_the_engine_saw(results: dict[str, Any]) -> N
 
 def test_a_waiting_request_costs_one_lookup(results: dict[str, Any]) -> None:
     """Four long requests on 24 blocks: requests wait for blocks over many steps, and
-    vLLM asks for them on every one; the sidecar sees one Lookup per request and per
-    preemption (each resume waits again)."""
+    vLLM asks for them on every one; the sidecar (counting every Lookup RPC, repeats
+    included) sees one per request and per preemption (each resume waits again)."""
     totals = results["squeeze"][-1]["kv"]["totals"]
     counted = results["squeeze_lookups"]
     sent = counted["after"] - counted["before"]
