@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from kvstore.connectors.vllm.sessions import ToolCallMarkers
+
 from kvstore.errors import ConfigError
 from kvstore.types import Workload
 
@@ -70,6 +72,15 @@ class ConnectorConfig:
     #: Host threads that copy between shared memory and pinned staging and
     #: checksum payloads, for KV caches on a GPU (the CPU backend uses one).
     host_threads: int = 4
+    #: How long the scheduler side reuses a waiting request's lookup answer (vLLM
+    #: asks on every step it cannot schedule the request); 0: ask every time.
+    lookup_max_age_s: float = 1.0
+    #: Tool-call markers (token ids): a generation that stops on one of these ends
+    #: its turn with a tool call (e.g. Llama 3's ``<|eom_id|>``).
+    tool_call_stop_token_ids: tuple[int, ...] = ()
+    #: Tool-call markers (token id sequences): an output that contains one of these
+    #: holds a complete tool call (e.g. the ids of ``</tool_call>``).
+    tool_call_token_sequences: tuple[tuple[int, ...], ...] = ()
     #: Workload class when neither the request nor its session says.
     default_workload: str = Workload.UNKNOWN.value
     #: Bearer token for the sidecar; empty: ``KVSTORE_TOKEN`` from the environment.
@@ -96,6 +107,9 @@ class ConnectorConfig:
         values: dict[str, Any] = {}
         defaults = cls()
         for name, value in extra.items():
+            if name in _TOKEN_LISTS:
+                values[name] = _token_ids(name, value, _TOKEN_LISTS[name])
+                continue
             expected = type(getattr(defaults, name))
             values[name] = _coerce(name, value, expected)
         config = cls(**values)
@@ -105,6 +119,8 @@ class ConnectorConfig:
     def validate(self) -> None:
         if not self.address or ":" not in self.address:
             raise ConfigError(f"address must be 'host:port', got {self.address!r}")
+        if self.lookup_max_age_s < 0:
+            raise ConfigError(f"lookup_max_age_s must be >= 0, got {self.lookup_max_age_s!r}")
         for name in ("timeout_s", "retry_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
@@ -141,6 +157,36 @@ class ConnectorConfig:
             return KVStoreClient(address=address, timeout=timeout, security=security)
 
         return make
+
+
+    def tool_call_markers(self) -> ToolCallMarkers:
+        return ToolCallMarkers(frozenset(self.tool_call_stop_token_ids),
+                               self.tool_call_token_sequences)
+
+
+#: Keys that take token ids: how deep their lists nest (1: ids, 2: sequences of ids).
+_TOKEN_LISTS = {"tool_call_stop_token_ids": 1, "tool_call_token_sequences": 2}
+
+
+def _token_ids(name: str, value: Any, depth: int) -> tuple[Any, ...]:
+    """A list of token ids (depth 1) or of non-empty lists of them (depth 2), as tuples."""
+    what = "a list of token ids" if depth == 1 else "a list of non-empty lists of token ids"
+    if not isinstance(value, list | tuple):
+        raise ConfigError(f"kv_connector_extra_config[{name!r}] must be {what}, "
+                          f"got {type(value).__name__} {value!r}")
+    out: list[Any] = []
+    for item in value:
+        if depth == 2:
+            if not isinstance(item, list | tuple) or not item:
+                raise ConfigError(f"kv_connector_extra_config[{name!r}] must be {what}, "
+                                  f"got the item {item!r}")
+            out.append(_token_ids(name, item, 1))
+        elif isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+            out.append(item)
+        else:
+            raise ConfigError(f"kv_connector_extra_config[{name!r}] must be {what}, "
+                              f"got the item {item!r}")
+    return tuple(out)
 
 
 def _coerce(name: str, value: Any, expected: type) -> Any:

@@ -11,6 +11,12 @@ Loads are synchronous (``load_kv_async=False``): vLLM then marks the step
 reads the loaded blocks (``kv_connector_model_runner_mixin``); on a GPU the
 workers still copy layer by layer while the forward runs.
 
+A waiting request costs one Lookup, not one per step: vLLM asks
+``get_num_new_matched_tokens`` on every step it cannot schedule the request, and
+the scheduler side answers from the request's last lookup while it is younger
+than ``lookup_max_age_s``; the answer is dropped when the request is scheduled
+(allocated), preempted or finished, so a request that waits again asks again.
+
 Saves are asynchronous: a finished request that had blocks to save keeps its
 blocks (``request_finished`` returns True) until every worker reports its
 saves done through ``get_finished``. The request's id goes to the workers in
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +43,7 @@ from kvstore.connectors.vllm.metadata import (
     SavePlan,
     WorkerReport,
 )
-from kvstore.connectors.vllm.sessions import SessionTracker, TurnInfo
+from kvstore.connectors.vllm.sessions import SessionTracker, TurnInfo, finished_turn
 from kvstore.connectors.vllm.sidecar import SidecarLink
 
 if TYPE_CHECKING:
@@ -44,6 +51,8 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
+
+    from kvstore.client import LookupResult
 
 __all__ = ["SchedulerSide"]
 
@@ -71,6 +80,9 @@ class _Tracked:
     hit_media: tuple[str, ...] = ()  # fastest tier of each sidecar hit block
     saves_planned: int = 0  # blocks handed to the workers to save
     keep_ms: float = 0.0  # HBM keep the sidecar's policy decided at the lookup
+    #: The last lookup's answer while the request waits: (monotonic time, hashes
+    #: asked, answer; None when the sidecar could not answer).
+    answer: tuple[float, int, LookupResult | None] | None = None
 
 
 @dataclass(slots=True)
@@ -92,6 +104,8 @@ class Totals:
     save_ms: float = 0.0
     save_bytes: int = 0
     preempted_requests: int = 0  # counted by the scheduler side
+    lookup_asks: int = 0  # vLLM's asks for waiting requests (get_num_new_matched_tokens)
+    lookups_sent: int = 0  # Lookup calls they cost (the rest answered from the last one)
 
     def as_dict(self) -> dict[str, float]:
         return {name: round(getattr(self, name), 3) for name in self.__slots__}
@@ -105,8 +119,11 @@ class SchedulerSide:
         namespace: str,
         block_size: int,
         cache_blocks: int = 0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
+        self._clock = clock
+        self._markers = config.tool_call_markers()
         #: Most blocks HBM keeps may hold at once (0 with no budget: no keeps).
         self.hold_budget = config.hold_budget_blocks or cache_blocks // 4
         #: Finished requests held in the engine: req id -> (blocks, monotonic end).
@@ -141,24 +158,7 @@ class SchedulerSide:
         tracked.load_blocks = 0
         if not hashes:
             return 0, False
-        turn = tracked.turn
-        # The request id makes vLLM's repeated asks (every step it cannot schedule the
-        # request) one request to the policy, and ties the saves and the hint to it.
-        result = self.link.call(
-            "lookup",
-            lambda c: c.lookup(
-                self.namespace,
-                hashes,
-                turn.session_id,
-                turn.workload,
-                request_id=request.request_id,
-                num_tokens=request.num_tokens,
-                then=turn.event,
-                tool=turn.tool,
-                expected_gap_ms=turn.expected_gap_ms,
-            ),
-            None,
-        )
+        result = self._lookup(tracked, hashes)
         tracked.keep_ms = result.keep_ms if result is not None else 0.0
         num_hit = min(result.num_hit, len(hashes)) if result is not None else 0
         tracked.sidecar_blocks = num_hit
@@ -179,10 +179,46 @@ class SchedulerSide:
         )
         return n * self.block_size, False
 
+    def _lookup(self, tracked: _Tracked, hashes: list[bytes]) -> LookupResult | None:
+        """The sidecar's answer for a waiting request: asked once, reused while young.
+
+        vLLM asks again on every step it cannot schedule the request; the stored
+        prefix rarely changes within a second, the round trip is paid on the
+        scheduler's thread every time. A failed call is reused too (the breaker
+        answers it at once anyway)."""
+        now = self._clock()
+        self.totals.lookup_asks += 1
+        cached = tracked.answer
+        max_age = self.config.lookup_max_age_s
+        if cached is not None and cached[1] == len(hashes) and now - cached[0] < max_age:
+            return cached[2]
+        request, turn = tracked.request, tracked.turn
+        self.totals.lookups_sent += 1
+        # The request id ties the saves and the hint to this lookup (and makes a
+        # repeat after the answer expired one request to the policy).
+        result = self.link.call(
+            "lookup",
+            lambda c: c.lookup(
+                self.namespace,
+                hashes,
+                turn.session_id,
+                turn.workload,
+                request_id=request.request_id,
+                num_tokens=request.num_tokens,
+                then=turn.event,
+                tool=turn.tool,
+                expected_gap_ms=turn.expected_gap_ms,
+            ),
+            None,
+        )
+        tracked.answer = (now, len(hashes), result) if max_age > 0 else None
+        return result
+
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         tracked = self._track(request)
+        tracked.answer = None  # scheduled: if it waits again (preempted), ask again
         block_ids = list(blocks.get_block_ids()[0])
         tracked.block_ids = block_ids
         if num_external_tokens <= 0:
@@ -215,6 +251,10 @@ class SchedulerSide:
         )
         self._loads, self._holds = [], {}
         self.totals.preempted_requests += len(meta.preempted)
+        for req_id in meta.preempted:
+            preempted = self._reqs.get(req_id)
+            if preempted is not None:
+                preempted.answer = None
         scheduled = scheduler_output.num_scheduled_tokens
         for new_req in scheduler_output.scheduled_new_reqs:
             tracked = self._reqs.get(new_req.req_id)
@@ -320,7 +360,7 @@ class SchedulerSide:
         if tracked is None:
             turn = self.sessions.classify(request.kv_transfer_params, request.block_hashes)
             tracked = _Tracked(request=request, turn=turn)
-        turn = tracked.turn
+        turn, event_source = self._turn_end(request, tracked.turn)
         self.sessions.turn_finished(turn, request.block_hashes)
         hold_ms = self._hold_ms(request.request_id, tracked, len(block_ids))
         # Blocks handed to the workers may still be in their save queues: vLLM must
@@ -349,6 +389,10 @@ class SchedulerSide:
                 "session_inferred": turn.inferred,
                 "workload": turn.workload,
                 "event": turn.event,
+                # What decided the event: stop_token / token_sequence (a tool-call
+                # marker), stop (stopped without one), params, default.
+                "event_source": event_source,
+                "event_claimed": tracked.turn.event,
                 "sidecar_hit_tokens": tracked.sidecar_blocks * bs,
                 "hit_media": {m: tracked.hit_media.count(m) for m in set(tracked.hit_media)},
                 # A failed sync load reschedules the request, so by its finish
@@ -372,6 +416,17 @@ class SchedulerSide:
             }
         }
         return delay, params
+
+    def _turn_end(self, request: Request, claimed: TurnInfo) -> tuple[TurnInfo, str]:
+        """The hint's event from what the engine saw (:func:`~.sessions.finished_turn`)."""
+        status = getattr(request, "status", None)
+        return finished_turn(
+            claimed,
+            self._markers,
+            stopped=getattr(status, "name", "") == "FINISHED_STOPPED",
+            stop_reason=getattr(request, "stop_reason", None),
+            output_token_ids=getattr(request, "output_token_ids", None) or (),
+        )
 
     def _hold_ms(self, req_id: str, tracked: _Tracked, blocks: int) -> float:
         """HBM keep of a finished request: the policy's decision (``keep_ms``), capped

@@ -22,19 +22,26 @@ turn of a conversation resends the previous turn's tokens, so its block hashes
 extend the hashes of that turn. The tracker remembers the last full block of
 each finished turn; a request whose chain contains one continues that session,
 otherwise it starts one named after its first block. Pure code, no I/O.
+
+What the client says at submission is a guess: whether the model ends its turn
+with a tool call is only known when generation stops. :func:`finished_turn`
+corrects the turn's event from what the engine saw (the request's stop and its
+output tokens against the configured :class:`ToolCallMarkers`); the lookup made
+at submission keeps the client's claim, the hint sent at the finish carries the
+correction.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvstore.errors import InvalidArgument
 from kvstore.types import Workload
 
-__all__ = ["AFTER_EVENTS", "SessionTracker", "TurnInfo"]
+__all__ = ["AFTER_EVENTS", "SessionTracker", "ToolCallMarkers", "TurnInfo", "finished_turn"]
 
 #: ``after`` values and the hint event each sends.
 AFTER_EVENTS = {
@@ -58,6 +65,73 @@ class TurnInfo:
     inferred: bool = False
     #: Seconds to retain the request's blocks for (``cache_ttl_s``; None: not asked).
     cache_ttl_s: float | None = None
+    #: Whether ``kv_transfer_params`` said ``after`` (False: the ``user`` default).
+    claimed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallMarkers:
+    """What a tool call looks like in a model's output, as token ids.
+
+    ``stop_token_ids``: a generation that stops on one of these ends with a tool
+    call (Llama 3's ``<|eom_id|>``). ``sequences``: an output that contains one of
+    these token sequences holds a complete tool call (the ids of ``</tool_call>``).
+    """
+
+    stop_token_ids: frozenset[int] = frozenset()
+    sequences: tuple[tuple[int, ...], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.stop_token_ids or self.sequences)
+
+    def found_in(self, stopped: bool, stop_reason: object,
+                 output_token_ids: Sequence[int]) -> str | None:
+        """Which marker the finished generation shows (``stop_token`` or
+        ``token_sequence``), or None."""
+        if stopped and self.stop_token_ids:
+            last = output_token_ids[-1] if output_token_ids else None
+            if stop_reason in self.stop_token_ids or last in self.stop_token_ids:
+                return "stop_token"
+        for seq in self.sequences:
+            if _contains(output_token_ids, seq):
+                return "token_sequence"
+        return None
+
+
+def _contains(tokens: Sequence[int], seq: tuple[int, ...]) -> bool:
+    n, m = len(tokens), len(seq)
+    if m == 0 or m > n:
+        return False
+    first = seq[0]
+    return any(tokens[i] == first and tuple(tokens[i : i + m]) == seq
+               for i in range(n - m + 1))
+
+
+def finished_turn(turn: TurnInfo, markers: ToolCallMarkers, *, stopped: bool,
+                  stop_reason: object, output_token_ids: Sequence[int]) -> tuple[TurnInfo, str]:
+    """The turn's end as the engine saw it, and where that came from.
+
+    A tool-call marker in the output makes the event ``tool_call`` (``stop_token`` /
+    ``token_sequence``). With markers configured, a generation that stopped by
+    itself (end of sequence, a stop token or string) without one ended its turn
+    without a tool call: a claimed ``tool_call`` becomes ``turn_end`` (``stop``).
+    Otherwise (no markers, a length cap, an abort) the client's ``after`` holds
+    (``params``), else the ``user`` default (``default``). A ``session_end`` the
+    client claimed is kept: the engine cannot see that a session is over.
+    A changed event drops the client's ``tool`` and ``expected_gap_ms``, which
+    described the claimed one.
+    """
+    claimed = "params" if turn.claimed else "default"
+    if not markers or turn.event == "session_end":
+        return turn, claimed
+    found = markers.found_in(stopped, stop_reason, output_token_ids)
+    if found is not None:
+        if turn.event == "tool_call":
+            return turn, found
+        return replace(turn, event="tool_call", tool=None, expected_gap_ms=None), found
+    if stopped and turn.event == "tool_call":
+        return replace(turn, event="turn_end", tool=None, expected_gap_ms=None), "stop"
+    return turn, claimed
 
 
 def _str_param(params: Mapping[str, Any], key: str) -> str | None:
@@ -103,7 +177,8 @@ class SessionTracker:
             workload = Workload.parse(workload).value if workload else self._default_workload
         except InvalidArgument:  # an unknown class from a client: not fatal
             workload = self._default_workload
-        after = _str_param(params, "after") or "user"
+        claimed = _str_param(params, "after")
+        after = claimed or "user"
         event = AFTER_EVENTS.get(after) or (after if after in _EVENTS else "turn_end")
         return TurnInfo(
             session_id=session_id,
@@ -113,6 +188,7 @@ class SessionTracker:
             expected_gap_ms=_gap_param(params),
             inferred=inferred,
             cache_ttl_s=_gap_param(params, "cache_ttl_s"),
+            claimed=claimed is not None,
         )
 
     def _continued(self, block_hashes: Sequence[bytes]) -> tuple[str, str] | None:

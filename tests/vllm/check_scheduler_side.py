@@ -97,9 +97,113 @@ class FakeClient:
         pass
 
 
-def side(client: FakeClient, **cfg: Any) -> SchedulerSide:
+def side(client: FakeClient, clock: Any = time.monotonic, **cfg: Any) -> SchedulerSide:
     link = SidecarLink("127.0.0.1:1", 1.0, 60.0, client_factory=lambda a, t: client)
-    return SchedulerSide(ConnectorConfig(**cfg), link, "ns", BS)
+    return SchedulerSide(ConnectorConfig(**cfg), link, "ns", BS, clock=clock)
+
+
+def check_a_waiting_request_costs_one_lookup() -> None:
+    """vLLM asks for a waiting request on every step it cannot schedule it: one Lookup
+    answers them all until the request is scheduled, preempted, finished or the answer
+    is older than lookup_max_age_s."""
+    now = [100.0]
+    req = FakeRequest("w", list(range(1, 13)))  # 3 full blocks
+    client = FakeClient(set(req.block_hashes[:2]))
+    s = side(client, clock=lambda: now[0], lookup_max_age_s=1.0)
+    for step in range(50):  # 50 steps waiting, 10 ms apart, the local hit changing
+        now[0] += 0.01
+        assert s.get_num_new_matched_tokens(req, BS if step % 2 else 0) == (
+            (1 if step % 2 else 2) * BS, False)
+    assert len(client.lookups) == 1
+    now[0] += 1.0  # older than lookup_max_age_s: asked again
+    assert s.get_num_new_matched_tokens(req, 0) == (2 * BS, False)
+    assert len(client.lookups) == 2
+    # Scheduled (allocated), then preempted: it waits again and asks again.
+    s.update_state_after_alloc(req, FakeBlocks([7, 8, 9]), 2 * BS)
+    s.get_num_new_matched_tokens(req, 0)
+    assert len(client.lookups) == 3
+    s.build_connector_meta(SchedOut())
+    s.get_num_new_matched_tokens(req, 0)
+    assert len(client.lookups) == 3
+
+    @dataclass
+    class Preempted(SchedOut):
+        preempted_req_ids: set[str] = field(default_factory=lambda: {"w"})
+
+    s.build_connector_meta(Preempted())
+    client.stored.add(req.block_hashes[2])  # the sidecar has more by now
+    assert s.get_num_new_matched_tokens(req, 0) == (2 * BS, False)  # last token computed
+    assert len(client.lookups) == 4 and s._reqs["w"].sidecar_blocks == 3
+    # Finished: a new request under the same id is a new lookup.
+    s.request_finished(req, [])
+    s.get_num_new_matched_tokens(req, 0)
+    assert len(client.lookups) == 5
+    # lookup_max_age_s 0: every ask is a Lookup (the old behaviour, on purpose).
+    eager_client = FakeClient(set())
+    eager = side(eager_client, lookup_max_age_s=0.0)
+    for _ in range(3):
+        eager.get_num_new_matched_tokens(FakeRequest("e", list(range(1, 9))), 0)
+    assert len(eager_client.lookups) == 3
+    s.shutdown()
+    eager.shutdown()
+
+
+@dataclass
+class Status:
+    name: str
+
+
+def check_hint_from_what_the_engine_saw() -> None:
+    """The finished-side hint follows the request's stop and the tool-call markers; the
+    lookup at submission said what the client claimed."""
+    client = FakeClient(set())
+    s = side(client, tool_call_stop_token_ids=(77,), tool_call_token_sequences=((5, 6, 7),))
+    cases = {
+        # id: (claimed after, status, stop_reason, output tokens) -> (event, source)
+        "eom": ("user", "FINISHED_STOPPED", 77, [1, 2, 77], "tool_call", "stop_token"),
+        "seq": (None, "FINISHED_STOPPED", None, [4, 5, 6, 7, 2], "tool_call",
+                "token_sequence"),
+        "seq-cap": (None, "FINISHED_LENGTH_CAPPED", None, [5, 6, 7, 9], "tool_call",
+                    "token_sequence"),
+        "stop": ("tool_call", "FINISHED_STOPPED", None, [1, 2], "turn_end", "stop"),
+        "cap": ("tool_call", "FINISHED_LENGTH_CAPPED", None, [1, 2], "tool_call", "params"),
+        "end": ("end", "FINISHED_STOPPED", 77, [77], "session_end", "params"),
+        "plain": (None, "FINISHED_STOPPED", None, [1, 6, 7], "turn_end", "default"),
+    }
+    for rid, (after, status, reason, out, event, source) in cases.items():
+        params = {"session_id": rid, "expected_gap_ms": 500}
+        if after:
+            params["after"] = after
+        req = FakeRequest(rid, list(range(1, 9)), params)
+        s.get_num_new_matched_tokens(req, 0)
+        claimed = {"user": "turn_end", "tool_call": "tool_call", "end": "session_end",
+                   None: "turn_end"}[after]
+        assert client.lookups[-1]["then"] == claimed, (rid, client.lookups[-1])
+        req.status, req.stop_reason, req.output_token_ids = Status(status), reason, out  # type: ignore[attr-defined]
+        _, params_out = s.request_finished(req, [])
+        kv = params_out["kvstore"] if params_out else {}
+        assert (kv["event"], kv["event_source"]) == (event, source), (rid, kv)
+        assert kv["event_claimed"] == claimed
+    s.shutdown()
+    sent = {kwargs["request_id"]: (args[1], kwargs["expected_gap_ms"])
+            for args, kwargs in client.hints}
+    assert sent == {
+        "eom": ("tool_call", None),  # the claimed gap was for a user turn: dropped
+        "seq": ("tool_call", None),
+        "seq-cap": ("tool_call", None),
+        "stop": ("turn_end", None),
+        "cap": ("tool_call", 500),
+        "end": ("session_end", 500),
+        "plain": ("turn_end", 500),
+    }, sent
+    # No markers configured: the client's claim holds whatever the stop.
+    plain_client = FakeClient(set())
+    p = side(plain_client)
+    req = FakeRequest("x", list(range(1, 9)), {"session_id": "x", "after": "tool_call"})
+    p.get_num_new_matched_tokens(req, 0)
+    req.status, req.stop_reason, req.output_token_ids = Status("FINISHED_STOPPED"), 77, [77]  # type: ignore[attr-defined]
+    assert p.request_finished(req, [])[1]["kvstore"]["event"] == "tool_call"  # type: ignore[index]
+    p.shutdown()
 
 
 def check_loads_stored_prefix_leaving_the_last_token() -> None:

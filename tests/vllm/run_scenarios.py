@@ -18,8 +18,11 @@ Seven engine starts, several scenarios each (an engine start costs ~30 s):
    S stalled (SIGSTOP): the request recomputes after one call deadline;
 2. a second engine with the connector on S: its first request loads the
    prefix engine 1 stored;
-3. an engine with a KV cache of 24 blocks running four long requests at once:
-   the scheduler preempts while saves of the preempted requests are queued
+3. an engine with a KV cache of 24 blocks and a tool-call stop token, on a fresh
+   sidecar S2: a turn that stops on the marker hints ``tool_call``, one that stops on
+   another stop token ``turn_end`` (read back from S2's live profile); then four long
+   requests at once: requests wait for blocks over many steps (one Lookup each at
+   S2) and the scheduler preempts while saves of the preempted requests are queued
    (asynchronous saves must never read blocks the engine reused);
 4. an engine with a KV cache of 24 blocks and HBM keep: the sidecar's policy keeps
    a short tool call's blocks in the engine (reused with no load), releases a long
@@ -76,6 +79,9 @@ SQUEEZE_TOKENS = 64
 KEEP_TURN = [prompt(40 + i, 150) for i in range(2)]
 KEEP_TOOL = prompt(45, 30)
 KEEP_PRESSURE = [prompt(50 + i, 220) for i in range(6)]
+# Turn ends from what the engine saw: two sessions, two turns each.
+MARK_TURNS = [prompt(60, 100), prompt(61, 100)]
+MARK_NEXT = [prompt(62, 20), prompt(63, 20)]
 
 
 def scenario_llm(model_dir: Path, address: str | None) -> Any:
@@ -88,18 +94,21 @@ def run(
     prompts: list[list[int]],
     params: list[dict[str, Any] | None] | None = None,
     max_tokens: int = MAX_TOKENS,
+    stop_token_ids: list[list[int] | None] | None = None,
 ) -> list[dict[str, Any]]:
     from vllm import SamplingParams
 
     params = params or [None] * len(prompts)
+    stops = stop_token_ids or [None] * len(prompts)
     sps = [
         SamplingParams(
             max_tokens=max_tokens,
             temperature=0.0,
             ignore_eos=True,
+            stop_token_ids=stop,
             extra_args={"kv_transfer_params": p} if p else None,
         )
-        for p in params
+        for p, stop in zip(params, stops, strict=True)
     ]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sps, use_tqdm=False)
     return [
@@ -148,6 +157,45 @@ def retained_stats(address: str, timeout_s: float = 10.0) -> dict[str, Any] | No
         time.sleep(0.2)
         st = stats(address)
     return st
+
+
+def marker_tokens(ref: list[list[int]]) -> tuple[int, int]:
+    """A tool-call marker that stops the first turn at its first output token and a
+    plain stop token that stops the second turn likewise: two different tokens."""
+    mark, plain = ref[0][0], ref[1][0]
+    if mark == plain:
+        raise RuntimeError(f"both reference turns start with token {mark}: pick other prompts")
+    return mark, plain
+
+
+def turn_end_hints(llm: Any, address: str, mark: int, plain: int) -> dict[str, Any]:
+    """Session A claims a user turn and stops on the tool-call marker; session B claims a
+    tool call and stops on a plain stop token. Each then sends its next turn, so the
+    sidecar's live profile labels the gap between them by the hint it received."""
+    from kvstore.client import KVStoreClient
+
+    first = run(llm, MARK_TURNS,
+                [{"session_id": "mark-A", "after": "user"},
+                 {"session_id": "mark-B", "after": "tool_call", "tool": "search"}],
+                stop_token_ids=[[mark], [plain]])
+    time.sleep(1.0)  # the hints go out from the connector's background thread
+    nxt = run(llm, [t + o["tokens"] + u for t, o, u in zip(MARK_TURNS, first, MARK_NEXT,
+                                                            strict=True)],
+              [{"session_id": "mark-A", "after": "end"}, {"session_id": "mark-B",
+                                                          "after": "end"}])
+    with KVStoreClient(address, timeout=5.0, shared_memory=False) as c:
+        prof = c.profile()
+    gaps = {k: d.count for k, d in (prof.sessions.gaps_s if prof.sessions else {}).items()}
+    return {"first": first, "next": nxt, "profile_gaps": gaps}
+
+
+def counting_sidecar(kvstore_bin: str, count_file: Path) -> list[str]:
+    """The command of a sidecar that counts its Lookup RPCs (``counting_sidecar.py``),
+    run by the interpreter of ``kvstore_bin`` (the server's venv)."""
+    with open(kvstore_bin, "rb") as f:
+        shebang = f.readline().decode().strip()
+    python = shebang[2:].strip() if shebang.startswith("#!") else sys.executable
+    return [python, str(REPO / "tests" / "vllm" / "counting_sidecar.py"), str(count_file)]
 
 
 def close(llm: Any) -> None:
@@ -277,6 +325,7 @@ def main() -> None:
         first_tokens = run(llm, [turn])[0]["tokens"]
         back_tokens = run(llm, [turn + first_tokens + KEEP_TOOL])[0]["tokens"]
         ref["keep"][name] = [first_tokens, back_tokens]
+    ref["mark"] = [o["tokens"] for o in run(llm, MARK_TURNS)]
     result["ref"] = ref
     close(llm)
 
@@ -352,13 +401,30 @@ def main() -> None:
         result["second_engine"] = {"first": first, "stats": stats(addr)}
         close(llm)
 
-        # ---- engine 3: a KV cache so small that the scheduler preempts
-        t3 = time.monotonic()
-        llm = make_llm(model_dir, addr, block_size=BLOCK, max_model_len=512, max_num_seqs=4,
-                       num_blocks=24, timeout_s=2.0, retry_interval_s=1.0)
-        timings["engine3_start"] = time.monotonic() - t3
-        result["squeeze"] = run(llm, SQUEEZE, max_tokens=SQUEEZE_TOKENS)
-        close(llm)
+        # ---- engine 3: a tool-call stop token, and a KV cache so small that the
+        # scheduler preempts; on a fresh sidecar, so its profile and Lookup count are
+        # this engine's alone.
+        mark, plain = marker_tokens(ref["mark"])
+        # (S is still up and owns the events ports: S2 publishes none.) S2 counts
+        # every Lookup RPC: the server itself counts a request's repeats once.
+        counts = work / "sidecar2-lookups"
+        fresh = Sidecar(counting_sidecar(args.kvstore_bin, counts), work / "sidecar2-data",
+                        config={"events": {"enabled": False}})
+        fresh.start()
+        try:
+            t3 = time.monotonic()
+            llm = make_llm(model_dir, fresh.address, block_size=BLOCK, max_model_len=512,
+                           max_num_seqs=4, num_blocks=24, timeout_s=2.0, retry_interval_s=1.0,
+                           tool_call_stop_token_ids=[mark], lookup_max_age_s=60.0)
+            timings["engine3_start"] = time.monotonic() - t3
+            result["hints"] = turn_end_hints(llm, fresh.address, mark, plain)
+            result["hints"]["mark"], result["hints"]["plain"] = mark, plain
+            before = int(counts.read_text())
+            result["squeeze"] = run(llm, SQUEEZE, max_tokens=SQUEEZE_TOKENS)
+            result["squeeze_lookups"] = {"before": before, "after": int(counts.read_text())}
+            close(llm)
+        finally:
+            fresh.stop()
 
         # ---- engine 4: HBM keep decided by the sidecar's policy, on a 24-block cache
         t4 = time.monotonic()

@@ -174,6 +174,36 @@ def test_preemption_with_saves_in_flight(results: dict[str, Any]) -> None:
     assert totals["saved_blocks"] > 0
 
 
+def test_turn_end_hint_follows_what_the_engine_saw(results: dict[str, Any]) -> None:
+    """The engine configured with a tool-call stop token: a turn that claims a user turn
+    and stops on it hints ``tool_call``; a turn that claims a tool call and stops on
+    another stop token hints ``turn_end``. Read on the sidecar's side: its live profile
+    labels the gap to each session's next turn by the hint it received."""
+    hints = results["hints"]
+    a, b = hints["first"]
+    assert a["tokens"] == [hints["mark"]] and a["finish_reason"] == "stop"
+    assert b["tokens"] == [hints["plain"]] and b["finish_reason"] == "stop"
+    assert (a["kv"]["event"], a["kv"]["event_source"], a["kv"]["event_claimed"]) == (
+        "tool_call", "stop_token", "turn_end"), a["kv"]
+    assert (b["kv"]["event"], b["kv"]["event_source"], b["kv"]["event_claimed"]) == (
+        "turn_end", "stop", "tool_call"), b["kv"]
+    # One gap per session; the claims would have given {"user": 1, "tool_call": 1,
+    # "tool_call:search": 1}.
+    assert hints["profile_gaps"] == {"tool_call": 1, "user": 1}, hints["profile_gaps"]
+
+
+def test_a_waiting_request_costs_one_lookup(results: dict[str, Any]) -> None:
+    """Four long requests on 24 blocks: requests wait for blocks over many steps, and
+    vLLM asks for them on every one; the sidecar (counting every Lookup RPC, repeats
+    included) sees one per request and per preemption (each resume waits again)."""
+    totals = results["squeeze"][-1]["kv"]["totals"]
+    counted = results["squeeze_lookups"]
+    sent = counted["after"] - counted["before"]
+    assert sent <= len(results["squeeze"]) + totals["preempted_requests"], (counted, totals)
+    assert totals["lookups_sent"] >= sent  # (the two turns before it counted there too)
+    assert totals["lookup_asks"] >= totals["lookups_sent"] + 10, totals  # it waited
+
+
 def test_hbm_keep_is_the_policys_decision(results: dict[str, Any]) -> None:
     """A short tool call: the sidecar's policy keeps the session's blocks in the engine
     (its next request hits them with no load, after pressure that evicts every free
@@ -234,4 +264,4 @@ def test_scheduler_side_against_fakes(vllm_python: str) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "all ok" in proc.stdout
-    assert proc.stdout.count("ok check_") == 7
+    assert proc.stdout.count("ok check_") == 9

@@ -4,6 +4,7 @@ sessions, payload checks, the fail-open link and block addressing."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import pytest
@@ -15,7 +16,12 @@ from kvstore.connectors.vllm.payload import (
     pack_header,
     unpack_body,
 )
-from kvstore.connectors.vllm.sessions import SessionTracker
+from kvstore.connectors.vllm.sessions import (
+    SessionTracker,
+    ToolCallMarkers,
+    TurnInfo,
+    finished_turn,
+)
 from kvstore.connectors.vllm.sidecar import SidecarLink
 
 from kvstore.errors import ConfigError, InvalidBlock, TierFull, Unavailable
@@ -259,3 +265,76 @@ def test_layout_refuses_tensors_without_a_block_axis() -> None:
     assert find_block_axis((10, 4), 10) == (0, 1)
     with pytest.raises(LayoutError, match="no block axis"):
         KVLayout({"x": torch.zeros(3, 7)}, 10)
+
+
+# -- turn ends from what the engine saw ----------------------------------------------
+
+
+def test_tool_call_markers_from_extra_config() -> None:
+    cfg = ConnectorConfig.from_extra_config({
+        "tool_call_stop_token_ids": [128008],
+        "tool_call_token_sequences": [[524, 14506, 13735, 29]],
+        "lookup_max_age_s": 0.5,
+    })
+    markers = cfg.tool_call_markers()
+    assert markers.stop_token_ids == {128008}
+    assert markers.sequences == ((524, 14506, 13735, 29),)
+    assert cfg.lookup_max_age_s == 0.5
+    assert not ConnectorConfig().tool_call_markers()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"tool_call_stop_token_ids": 128008}, "must be a list of token ids"),
+        ({"tool_call_stop_token_ids": ["<|eom_id|>"]}, "got the item '<|eom_id|>'"),
+        ({"tool_call_stop_token_ids": [-1]}, "got the item -1"),
+        ({"tool_call_token_sequences": [1, 2]}, "non-empty lists of token ids"),
+        ({"tool_call_token_sequences": [[]]}, "got the item []"),
+        ({"lookup_max_age_s": -1}, "lookup_max_age_s must be >= 0"),
+    ],
+)
+def test_marker_keys_refuse_bad_values_naming_the_key(extra: dict[str, Any],
+                                                       message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        ConnectorConfig.from_extra_config(extra)
+
+
+def _turn(after: str | None, **extra: Any) -> TurnInfo:
+    params = {"session_id": "s", "tool": "grep", "expected_gap_ms": 300, **extra}
+    if after is not None:
+        params["after"] = after
+    return SessionTracker().classify(params, [b"\x01" * 32])
+
+
+MARKERS = ToolCallMarkers(frozenset({77}), ((5, 6, 7),))
+
+
+@pytest.mark.parametrize(
+    ("after", "stopped", "reason", "output", "event", "source"),
+    [
+        ("user", True, 77, [1, 77], "tool_call", "stop_token"),
+        (None, True, None, [3, 77], "tool_call", "stop_token"),  # an EOS-listed marker
+        (None, False, None, [5, 6, 7, 8], "tool_call", "token_sequence"),
+        ("tool_call", True, None, [1, 2], "turn_end", "stop"),
+        ("tool_call", False, None, [1, 2], "tool_call", "params"),  # capped: unknown
+        ("end", True, 77, [77], "session_end", "params"),
+        (None, True, None, [5, 6, 2, 7], "turn_end", "default"),
+        (None, False, 77, [], "turn_end", "default"),  # not stopped: no stop token seen
+    ],
+)
+def test_finished_turn_follows_the_stop_and_the_markers(
+    after: str | None, stopped: bool, reason: object, output: list[int], event: str,
+    source: str,
+) -> None:
+    turn, got = finished_turn(_turn(after), MARKERS, stopped=stopped, stop_reason=reason,
+                              output_token_ids=output)
+    assert (turn.event, got) == (event, source)
+    changed = turn.event != _turn(after).event
+    assert (turn.tool, turn.expected_gap_ms) == ((None, None) if changed else ("grep", 300))
+
+
+def test_finished_turn_without_markers_keeps_the_claim() -> None:
+    turn = _turn("tool_call")
+    assert finished_turn(turn, ToolCallMarkers(), stopped=True, stop_reason=77,
+                         output_token_ids=[77]) == (turn, "params")
