@@ -92,6 +92,13 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-end", action="store_true",
                    help="send the trace's end as session_end (default: turn_end, since no "
                         "client knows a session's last request)")
+    p.add_argument("--no-then", action="store_true",
+                   help="lookups carry no then / tool (the hint still comes at the end)")
+    p.add_argument("--instant", action="store_true",
+                   help="requests take no time and transfers are instant (with "
+                        "--engine-blocks 0 --no-decode-saves --trust-end --no-then: exactly "
+                        "the single-tier replay that the tables before the served "
+                        "topology used)")
     p.add_argument("--no-after", action="store_true",
                    help="drop every after from the trace (the ablation without hints)")
     p.add_argument("--prefill-tps", type=float, default=CostModel().prefill_tokens_per_s,
@@ -130,8 +137,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
 
 def _runs(args: argparse.Namespace) -> list[ServedConfig]:
     """One served configuration per zipped value of the capacity lists."""
-    if args.hbm_blocks is not None:
-        raise ValueError(HBM_GONE)
+    if args.hbm_blocks is not None and any(args.hbm_blocks):
+        raise ValueError(HBM_GONE)  # (0, as old commands for DRAM alone said, is no tier)
     dram = args.dram_blocks if args.dram_blocks is not None else [1000]
     cols = [("engine", args.engine_blocks), ("dram", dram), ("disk", args.disk_blocks),
             ("redis", args.redis_blocks)]
@@ -145,7 +152,8 @@ def _runs(args: argparse.Namespace) -> list[ServedConfig]:
         raise ValueError(f"--max-running must be >= 1, got {args.max_running}")
     if args.tpot_ms < 0 or args.hold_max_s < 0:
         raise ValueError("--tpot-ms and --hold-max-s must be >= 0")
-    model = EngineModel(args.prefill_tps, args.tpot_ms / 1e3, args.max_running)
+    model = (EngineModel.instant() if args.instant
+             else EngineModel(args.prefill_tps, args.tpot_ms / 1e3, args.max_running))
     runs = []
     for i in range(n):
         at = {name: v[i if len(v) > 1 else 0] for name, v in cols}
@@ -156,7 +164,7 @@ def _runs(args: argparse.Namespace) -> list[ServedConfig]:
         hold = at.get("hold-budget", at["engine"] // 4)
         runs.append(ServedConfig(at["engine"], sidecar, hold, args.hold_max_s, model,
                                  decode_saves=not args.no_decode_saves,
-                                 trust_end=args.trust_end))
+                                 trust_end=args.trust_end, send_then=not args.no_then))
     return runs
 
 
@@ -254,7 +262,8 @@ def run(args: argparse.Namespace) -> int:
                              "time_per_output_token_s": args.tpot_ms / 1e3,
                              "max_running": args.max_running, "hold_max_s": args.hold_max_s,
                              "decode_saves": not args.no_decode_saves,
-                             "trust_end": args.trust_end, "no_after": args.no_after},
+                             "trust_end": args.trust_end, "no_after": args.no_after,
+                             "no_then": args.no_then, "instant": args.instant},
             "cost_model": {"prefill_tokens_per_s": cost.prefill_tokens_per_s,
                            "block_tokens": cost.block_tokens, "block_bytes": cost.block_bytes,
                            "read_bytes_per_s": READ_BYTES_PER_S}}

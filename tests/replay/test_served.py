@@ -212,5 +212,19 @@ def test_cli_hbm_blocks_points_at_engine_blocks(tmp_path: Path,
     assert main(["replay", str(trace), "--hbm-blocks", "500"]) == 2
     err = capsys.readouterr().err
     assert "--engine-blocks" in err and "--dram-blocks" in err
+    assert main(["replay", str(trace), "--hbm-blocks", "0", "--dram-blocks", "4"]) == 0
     assert main(["replay", str(trace), "--engine-blocks", "5", "--dram-blocks", "0"]) == 2
     assert "sidecar has no tier" in capsys.readouterr().err
+
+
+def test_cli_instant_single_tier_is_the_old_replay(tmp_path: Path) -> None:
+    reqs = generate("agent", GenConfig(sessions=15, duration_s=300.0, seed=2, scale=0.05))
+    trace = tmp_path / "t.jsonl"
+    dump_trace(reqs, trace)
+    out = tmp_path / "r.json"
+    assert main(["replay", str(trace), "--policy", "ttl", "--engine-blocks", "0",
+                 "--dram-blocks", "40", "--instant", "--no-decode-saves", "--trust-end",
+                 "--no-then", "--json", str(out), "--no-progress"]) == 0
+    row = json.loads(out.read_text())["results"][0]
+    old = asyncio.run(replay_offline(reqs, "ttl", [TierBudget("hbm", 40)], CostModel()))
+    assert row["hit_blocks"] == old.hit_blocks and row["lookups"] == old.lookups
