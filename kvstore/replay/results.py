@@ -56,7 +56,8 @@ def format_served_table(results: Sequence[ServedResult], belady: Mapping[int, fl
             str(r.hold_budget_blocks), f"{100 * r.hit_rate:.2f}%",
             *[f"{100 * r.hits_by_tier.get(t, 0.0):.2f}%" for t in ("engine", *tiers)],
             f"{r.prefill_s_saved:.0f}", f"{r.ttft_p50_s:.2f}", f"{r.ttft_p99_s:.2f}",
-            f"{r.after_tool_ttft_p50_s:.2f}", f"{sum(r.bytes_moved.values()) / 1e9:.1f}",
+            f"{r.after_tool_ttft_p50_s:.2f}" if r.after_tool_requests else "-",
+            f"{sum(r.bytes_moved.values()) / 1e9:.1f}",
         ])
     for cap, hr in sorted(belady.items()):
         row = [""] * len(head)
