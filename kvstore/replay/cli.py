@@ -1,11 +1,16 @@
 """``kvstore replay``: replay a trace through policies, or generate one.
 
-Offline, each run is the server's engine with in-memory tiers (see
-:mod:`kvstore.replay.driver`); ``--server ADDR`` plays the same requests against
-a running ``kvstore serve`` instead (:mod:`kvstore.replay.live`).
-``add_parser(subparsers)`` registers the subcommand; the main CLI calls it.
-Capacities may be given as comma lists (``--hbm-blocks 1000,2000``): each value
-is one run (tiers are zipped; a single value is reused).
+Offline, each run is the served topology (:mod:`kvstore.replay.served`): the
+engine's own prefix cache of ``--engine-blocks`` (vLLM's, not the policy's) in
+front of the sidecar's tiers (``--dram-blocks`` / ``--disk-blocks`` /
+``--redis-blocks``) under the policy, run by the server's engine with in-memory
+tiers. ``--engine-blocks 0 --dram-blocks N`` is the sidecar's DRAM alone.
+``--server ADDR`` plays the same requests against a running ``kvstore serve``
+instead (:mod:`kvstore.replay.live`). ``add_parser(subparsers)`` registers the
+subcommand; the main CLI calls it. Capacities may be given as comma lists
+(``--dram-blocks 1000,2000``): each value is one run (tiers are zipped; a single
+value is reused). ``--hbm-blocks`` is gone from the replay (a GPU tier the policy
+manages exists in no deployment); the fleet replay (``--workers``) still takes it.
 """
 
 from __future__ import annotations
@@ -21,10 +26,25 @@ from kvstore.policies.cost import READ_BYTES_PER_S, CostModel
 from kvstore.replay.belady import belady_hit_rate
 from kvstore.replay.driver import ReplayResult, TierBudget, replay_offline
 from kvstore.replay.generate import KINDS, GenConfig, generate
-from kvstore.replay.results import format_table, plot_hit_rates, write_json
+from kvstore.replay.results import format_served_table, format_table, plot_hit_rates, write_json
+from kvstore.replay.served import (
+    DEFAULT_HOLD_MAX_S,
+    DEFAULT_MAX_RUNNING,
+    DEFAULT_TPOT_S,
+    EngineModel,
+    ServedConfig,
+    ServedResult,
+    replay_served,
+)
 from kvstore.replay.trace import Request, TraceError, dump_trace, load_trace
 
 __all__ = ["add_parser", "block_counts", "main", "run"]
+
+#: What ``--hbm-blocks`` says outside the fleet replay.
+HBM_GONE = ("--hbm-blocks is gone from the replay: the GPU is the engine's own prefix cache, "
+            "give its size with --engine-blocks N (vLLM's cache: every computed block enters "
+            "it, freed blocks are evicted LRU, the policy only asks for holds); a "
+            "policy-managed tier of that size is the sidecar's --dram-blocks N")
 
 
 def block_counts(text: str) -> list[int]:
@@ -50,11 +70,40 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", action="append", default=None,
                    help=f"policy name, repeatable (default lru); one of "
                         f"{', '.join(policies.available())}")
-    p.add_argument("--hbm-blocks", type=block_counts, default=[1000], metavar="N[,N...]")
-    p.add_argument("--dram-blocks", type=block_counts, default=[0], metavar="N[,N...]")
+    p.add_argument("--engine-blocks", type=block_counts, default=[0], metavar="N[,N...]",
+                   help="the engine's own prefix cache (vLLM's GPU blocks), default 0")
+    p.add_argument("--hbm-blocks", type=block_counts, default=None, metavar="N",
+                   help="only with --workers (the fleet replay); else see --engine-blocks")
+    p.add_argument("--dram-blocks", type=block_counts, default=None, metavar="N[,N...]",
+                   help="the sidecar's DRAM tier (default 1000; with --workers 0)")
     p.add_argument("--disk-blocks", type=block_counts, default=[0], metavar="N[,N...]")
+    p.add_argument("--redis-blocks", type=block_counts, default=[0], metavar="N[,N...]")
+    p.add_argument("--hold-budget-blocks", type=block_counts, default=None, metavar="N[,N...]",
+                   help="most engine blocks the connector's keeps hold at once (default a "
+                        "quarter of --engine-blocks, as the connector's; 0: no holds)")
+    p.add_argument("--hold-max-s", type=float, default=DEFAULT_HOLD_MAX_S,
+                   help="longest keep (the connector's hold_max_ms; default %(default)s s)")
+    p.add_argument("--max-running", type=int, default=DEFAULT_MAX_RUNNING,
+                   help="requests the engine runs at once (default %(default)s)")
+    p.add_argument("--tpot-ms", type=float, default=1e3 * DEFAULT_TPOT_S,
+                   help="decode time per output token (default %(default)s ms)")
+    p.add_argument("--no-decode-saves", action="store_true",
+                   help="do not save the blocks the output tokens fill")
+    p.add_argument("--trust-end", action="store_true",
+                   help="send the trace's end as session_end (default: turn_end, since no "
+                        "client knows a session's last request)")
+    p.add_argument("--no-then", action="store_true",
+                   help="lookups carry no then / tool (the hint still comes at the end)")
+    p.add_argument("--instant", action="store_true",
+                   help="requests take no time and transfers are instant (with "
+                        "--engine-blocks 0 --no-decode-saves --trust-end --no-then: exactly "
+                        "the single-tier replay that the tables before the served "
+                        "topology used)")
+    p.add_argument("--no-after", action="store_true",
+                   help="drop every after from the trace (the ablation without hints)")
     p.add_argument("--prefill-tps", type=float, default=CostModel().prefill_tokens_per_s,
-                   help="prefill tokens/s of the cost model (default %(default)s)")
+                   help="prefill tokens/s of the cost model and the engine model "
+                        "(default %(default)s)")
     p.add_argument("--belady", action="store_true",
                    help="add the offline optimum for one tier of the total capacity")
     p.add_argument("--belady-bypass", action="store_true",
@@ -86,25 +135,44 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=run)
 
 
-def _budgets(args: argparse.Namespace) -> list[list[TierBudget]]:
-    cols = [("hbm", args.hbm_blocks), ("dram", args.dram_blocks), ("disk", args.disk_blocks)]
+def _runs(args: argparse.Namespace) -> list[ServedConfig]:
+    """One served configuration per zipped value of the capacity lists."""
+    if args.hbm_blocks is not None and any(args.hbm_blocks):
+        raise ValueError(HBM_GONE)  # (0, as old commands for DRAM alone said, is no tier)
+    dram = args.dram_blocks if args.dram_blocks is not None else [1000]
+    cols = [("engine", args.engine_blocks), ("dram", dram), ("disk", args.disk_blocks),
+            ("redis", args.redis_blocks)]
+    if args.hold_budget_blocks is not None:
+        cols.append(("hold-budget", args.hold_budget_blocks))
     n = max(len(v) for _, v in cols)
     for name, v in cols:
         if len(v) not in (1, n):
             raise ValueError(f"--{name}-blocks has {len(v)} values; give 1 or {n}")
+    if args.max_running < 1:
+        raise ValueError(f"--max-running must be >= 1, got {args.max_running}")
+    if args.tpot_ms < 0 or args.hold_max_s < 0:
+        raise ValueError("--tpot-ms and --hold-max-s must be >= 0")
+    model = (EngineModel.instant() if args.instant
+             else EngineModel(args.prefill_tps, args.tpot_ms / 1e3, args.max_running))
     runs = []
     for i in range(n):
-        budget = [TierBudget(name, v[i if len(v) > 1 else 0]) for name, v in cols]
-        budget = [b for b in budget if b.blocks > 0]
-        if not budget:
-            raise ValueError("every tier has 0 blocks; give --hbm-blocks N")
-        runs.append(budget)
+        at = {name: v[i if len(v) > 1 else 0] for name, v in cols}
+        sidecar = tuple(TierBudget(t, at[t]) for t in ("dram", "disk", "redis") if at[t] > 0)
+        if not sidecar:
+            raise ValueError("the sidecar has no tier: give --dram-blocks N (and/or "
+                             "--disk-blocks / --redis-blocks)")
+        hold = at.get("hold-budget", at["engine"] // 4)
+        runs.append(ServedConfig(at["engine"], sidecar, hold, args.hold_max_s, model,
+                                 decode_saves=not args.no_decode_saves,
+                                 trust_end=args.trust_end, send_then=not args.no_then))
     return runs
 
 
 def replay(requests: Sequence[Request], names: Sequence[str], runs: list[list[TierBudget]],
            cost: CostModel, progress: bool) -> list[ReplayResult]:
-    """Each policy over each tier budget, through the engine (one run each)."""
+    """Each policy over each tier budget, the sidecar's engine alone (one run each; the
+    capacity curves of ``kvstore profile`` use it: one tier's hit rates are the same as
+    the served topology's with ``--engine-blocks 0``, see tests/replay/test_served.py)."""
     from tqdm import tqdm
 
     results = []
@@ -115,6 +183,24 @@ def replay(requests: Sequence[Request], names: Sequence[str], runs: list[list[Ti
                       leave=False) as bar:
                 results.append(asyncio.run(replay_offline(requests, name, budget, cost,
                                                           bar.update)))
+    return results
+
+
+def replay_served_runs(requests: Sequence[Request], names: Sequence[str],
+                       runs: Sequence[ServedConfig], cost: CostModel, progress: bool
+                       ) -> list[ServedResult]:
+    """Each policy over each configuration, in the served topology (one run each)."""
+    from tqdm import tqdm
+
+    results = []
+    for cfg in runs:
+        for name in names:
+            label = (f"{name} engine={cfg.engine_blocks} "
+                     + "/".join(f"{b.name}={b.blocks}" for b in cfg.sidecar))
+            with tqdm(total=len(requests), desc=label, unit="req", disable=not progress,
+                      leave=False) as bar:
+                results.append(asyncio.run(replay_served(requests, name, cfg, cost,
+                                                         bar.update)))
     return results
 
 
@@ -131,6 +217,11 @@ def run(args: argparse.Namespace) -> int:
     if args.workers:
         from kvstore.replay.fleet import run_fleet
 
+        # The fleet replay still models the policy-managed GPU tier (its defaults).
+        if args.hbm_blocks is None:
+            args.hbm_blocks = [1000]
+        if args.dram_blocks is None:
+            args.dram_blocks = [0]
         return run_fleet(args)
     names = args.policy or ["lru"]
     try:
@@ -138,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
             if name not in policies.available():
                 raise ValueError(f"unknown policy {name!r}; valid: "
                                  f"{', '.join(policies.available())}")
-        runs = _budgets(args)
+        runs = _runs(args) if not args.server else []
         cost = CostModel(prefill_tokens_per_s=args.prefill_tps)
         requests = load_trace(args.trace)
     except (OSError, TraceError, ValueError) as exc:
@@ -148,23 +239,31 @@ def run(args: argparse.Namespace) -> int:
         requests = requests[:args.limit]
     if args.no_retention:
         requests = [dataclasses.replace(r, cache_ttl_s=None) for r in requests]
+    if args.no_after:
+        requests = [dataclasses.replace(r, after=None) for r in requests]
     progress = not args.no_progress and sys.stderr.isatty()
     if args.server:
         return _run_live(args, requests, cost, progress)
-    results = replay(requests, names, runs, cost, progress)
+    results = replay_served_runs(requests, names, runs, cost, progress)
     belady = {}
-    if args.belady:
-        for budget in runs:
-            total = sum(b.blocks for b in budget)
+    if args.belady:  # over the sidecar's capacity: the bound of its DRAM alone
+        for run_cfg in runs:
+            total = sum(b.blocks for b in run_cfg.sidecar)
             if total not in belady:
                 belady[total] = belady_hit_rate(requests, total)
-    print(format_table(results, belady))
+    print(format_served_table(results, belady))
     if args.belady_bypass:
-        for total in sorted({sum(b.blocks for b in budget) for budget in runs}):
+        for total in sorted({sum(b.blocks for b in c.sidecar) for c in runs}):
             hr = belady_hit_rate(requests, total, bypass=True)
             print(f"belady with bypass, {total} blocks: {100 * hr:.2f}%")
     meta = {"trace": str(args.trace), "requests": len(requests),
             "lookups": sum(len(r.hash_ids) for r in requests),
+            "engine_model": {"prefill_tokens_per_s": args.prefill_tps,
+                             "time_per_output_token_s": args.tpot_ms / 1e3,
+                             "max_running": args.max_running, "hold_max_s": args.hold_max_s,
+                             "decode_saves": not args.no_decode_saves,
+                             "trust_end": args.trust_end, "no_after": args.no_after,
+                             "no_then": args.no_then, "instant": args.instant},
             "cost_model": {"prefill_tokens_per_s": cost.prefill_tokens_per_s,
                            "block_tokens": cost.block_tokens, "block_bytes": cost.block_bytes,
                            "read_bytes_per_s": READ_BYTES_PER_S}}

@@ -7,11 +7,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kvstore.replay.driver import ReplayResult
+from kvstore.replay.served import SIDECAR_TIERS, ServedResult
 
-__all__ = ["format_table", "plot_hit_rates", "write_json"]
+__all__ = ["format_served_table", "format_table", "plot_hit_rates", "write_json"]
 
 
-def write_json(results: Sequence[ReplayResult], belady: Mapping[int, float],
+def write_json(results: Sequence[ReplayResult | ServedResult], belady: Mapping[int, float],
                path: str | Path, meta: Mapping[str, object]) -> None:
     doc = {
         "meta": dict(meta),
@@ -42,7 +43,35 @@ def format_table(results: Sequence[ReplayResult], belady: Mapping[int, float]) -
     return "\n".join(lines)
 
 
-def plot_hit_rates(results: Sequence[ReplayResult], belady: Mapping[int, float],
+def format_served_table(results: Sequence[ServedResult], belady: Mapping[int, float]) -> str:
+    """One row per policy and configuration of the served topology."""
+    tiers = [t for t in SIDECAR_TIERS if any(t in r.tiers for r in results)]
+    head = ["policy", "engine blocks", *[f"{t} blocks" for t in tiers], "hold budget",
+            "hit rate", "from engine", *[f"from {t}" for t in tiers], "prefill s saved",
+            "TTFT p50 s", "TTFT p99 s", "after tool p50 s", "GB moved"]
+    rows = [head]
+    for r in results:
+        rows.append([
+            r.policy, str(r.engine_blocks), *[str(r.tiers.get(t, 0)) for t in tiers],
+            str(r.hold_budget_blocks), f"{100 * r.hit_rate:.2f}%",
+            *[f"{100 * r.hits_by_tier.get(t, 0.0):.2f}%" for t in ("engine", *tiers)],
+            f"{r.prefill_s_saved:.0f}", f"{r.ttft_p50_s:.2f}", f"{r.ttft_p99_s:.2f}",
+            f"{r.after_tool_ttft_p50_s:.2f}" if r.after_tool_requests else "-",
+            f"{sum(r.bytes_moved.values()) / 1e9:.1f}",
+        ])
+    for cap, hr in sorted(belady.items()):
+        row = [""] * len(head)
+        row[0], row[1], row[2] = "belady (sidecar alone)", "0", str(cap)
+        row[head.index("hit rate")] = f"{100 * hr:.2f}%"
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
+             for row in rows]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def plot_hit_rates(results: Sequence[ReplayResult | ServedResult], belady: Mapping[int, float],
                    path: str | Path, title: str = "") -> None:
     """Hit rate against total capacity (blocks), one line per policy."""
     import matplotlib

@@ -65,16 +65,16 @@ def test_cli_registers_replay_and_runs(tmp_path: Path, capsys: pytest.CaptureFix
     assert len(load_trace(trace)) > 30
     out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
     args = parser.parse_args([
-        "replay", str(trace), "--policy", "lru", "--policy", "workload", "--hbm-blocks", "20,40",
-        "--dram-blocks", "40", "--disk-blocks", "80", "--belady", "--json", str(out_json),
+        "replay", str(trace), "--policy", "lru", "--policy", "workload", "--engine-blocks", "10",
+        "--dram-blocks", "20,40", "--disk-blocks", "80", "--belady", "--json", str(out_json),
         "--plot", str(out_png), "--no-progress"])
     assert args.func(args) == 0
     doc = json.loads(out_json.read_text())
     assert [r["policy"] for r in doc["results"]] == ["lru", "workload", "lru", "workload"]
     first = doc["results"][0]
-    assert set(first["hit_rate_by_tier"]) == {"hbm", "dram", "disk"}
-    assert sum(first["hit_rate_by_tier"].values()) == pytest.approx(first["hit_rate"])
-    assert set(doc["belady"]) == {"140", "160"}
+    assert set(first["hits_by_tier"]) == {"engine", "dram", "disk", "redis"}
+    assert sum(first["hits_by_tier"].values()) == pytest.approx(first["hit_rate"])
+    assert set(doc["belady"]) == {"100", "120"}
     assert out_png.stat().st_size > 1000
     assert "workload" in capsys.readouterr().out
 

@@ -1,0 +1,149 @@
+"""The inference engine's own prefix cache, modelled as vLLM's (replay only).
+
+In a deployment the GPU tier is not the sidecar's: it is vLLM's KV cache. Every
+block a request computes or loads enters it; a running request's blocks are
+pinned (reference counts, shared between requests with a common prefix); when a
+request finishes its blocks join the free queue, evicted least recently freed
+first, and within one request tail first (vLLM frees a request's blocks in
+reverse order so that a prefix outlives its suffix). The sidecar's only lever is
+the keep: the connector holds a finished request's blocks for the ``keep_s`` its
+lookup got, capped by ``hold_max_s``, while the blocks held stay within
+``hold_budget`` (``connectors/vllm/scheduler.py``: ``_hold_ms``). No policy is
+asked what enters or leaves this cache.
+
+Blocks are trace block ids (ints). A request caches only the blocks that find
+room (an empty slot or a free one to evict); when running requests pin every
+slot, the rest are computed and not cached (vLLM would make the request wait;
+the replay does not gate on room, see :mod:`kvstore.replay.served`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+__all__ = ["EngineCache"]
+
+
+class EngineCache:
+    """vLLM's prefix cache over ``capacity`` blocks, with the connector's holds."""
+
+    __slots__ = ("capacity", "hold_budget", "hold_max_s", "_ref", "_free", "_holds",
+                 "_held_blocks", "hits", "holds_made", "holds_refused")
+
+    def __init__(self, capacity: int, hold_budget: int = 0, hold_max_s: float = 0.0) -> None:
+        if capacity < 0 or hold_budget < 0 or hold_max_s < 0:
+            raise ValueError(f"engine cache: capacity {capacity}, hold_budget {hold_budget} "
+                             f"and hold_max_s {hold_max_s} must be >= 0")
+        self.capacity = capacity
+        self.hold_budget = hold_budget
+        self.hold_max_s = hold_max_s
+        #: Block -> references (running requests and holds); 0: in the free queue.
+        self._ref: dict[int, int] = {}
+        #: Evictable blocks, first evicted first (vLLM's free block queue).
+        self._free: OrderedDict[int, None] = OrderedDict()
+        #: Request id -> (hold end, blocks held).
+        self._holds: dict[str, tuple[float, tuple[int, ...]]] = {}
+        self._held_blocks = 0
+        self.hits = 0
+        self.holds_made = 0
+        self.holds_refused = 0
+
+    def __contains__(self, block: int) -> bool:
+        return block in self._ref
+
+    def __len__(self) -> int:
+        return len(self._ref)
+
+    @property
+    def held_blocks(self) -> int:
+        return self._held_blocks
+
+    def match(self, blocks: Sequence[int]) -> int:
+        """Blocks of the longest cached prefix of ``blocks``."""
+        ref = self._ref
+        n = 0
+        for b in blocks:
+            if b not in ref:
+                break
+            n += 1
+        return n
+
+    def room(self) -> int:
+        """Blocks a new request may take now (empty slots and the free queue)."""
+        return self.capacity - len(self._ref) + len(self._free)
+
+    def acquire(self, blocks: Sequence[int]) -> tuple[int, ...]:
+        """Pin ``blocks`` for a running request (cached ones are reused, the others
+        allocated, evicting from the free queue); returns the blocks it holds. Blocks
+        that find no room (every slot pinned) are not cached."""
+        ref = self._ref
+        free = self._free
+        took: list[int] = []
+        for b in blocks[:self.capacity]:
+            n = ref.get(b)
+            if n is None:
+                if len(ref) >= self.capacity:
+                    if not free:
+                        break
+                    victim, _ = free.popitem(last=False)
+                    del ref[victim]
+                ref[b] = 1
+            else:
+                if n == 0:
+                    del free[b]
+                ref[b] = n + 1
+            took.append(b)
+        return tuple(took)
+
+    def extend(self, held: tuple[int, ...], blocks: Sequence[int]) -> tuple[int, ...]:
+        """Add a running request's newly filled ``blocks`` (decode) to what it holds."""
+        if not blocks:
+            return held
+        return held + self.acquire(blocks)
+
+    def release(self, blocks: Sequence[int]) -> None:
+        """A request's references end: its unshared blocks join the free queue, tail
+        first (evicted before the prefix)."""
+        ref = self._ref
+        free = self._free
+        for b in reversed(blocks):
+            n = ref.get(b)
+            if n is None:
+                continue
+            if n <= 1:
+                ref[b] = 0
+                free[b] = None
+            else:
+                ref[b] = n - 1
+
+    def finish(self, request_id: str, blocks: tuple[int, ...], keep_s: float, now: float
+               ) -> float:
+        """A request finished: hold its blocks for ``keep_s`` (capped by ``hold_max_s``)
+        if they fit in the hold budget, else release them. Returns the hold granted."""
+        keep = min(keep_s, self.hold_max_s)
+        if keep <= 0 or not blocks or self.hold_budget <= 0:
+            self.release(blocks)
+            return 0.0
+        self.expire(now)
+        if self._held_blocks + len(blocks) > self.hold_budget:
+            self.holds_refused += 1
+            self.release(blocks)
+            return 0.0
+        self._holds[request_id] = (now + keep, blocks)  # the running reference carries over
+        self._held_blocks += len(blocks)
+        self.holds_made += 1
+        return keep
+
+    def expire(self, now: float) -> None:
+        """Release the holds that ended by ``now``."""
+        if not self._holds:
+            return
+        done = [r for r, (end, _) in self._holds.items() if end <= now]
+        for r in sorted(done, key=lambda r: self._holds[r][0]):
+            _, blocks = self._holds.pop(r)
+            self._held_blocks -= len(blocks)
+            self.release(blocks)
+
+    def next_expiry(self) -> float | None:
+        return min((end for end, _ in self._holds.values()), default=None)
