@@ -161,7 +161,7 @@ async def test_redis_down_is_never_an_error(tmp_path: Path) -> None:
         assert await eng.put("ns", more) == (0, 0)
         # A read of a block only in Redis is a miss.
         entry = next(e for e in eng.index.entries() if e.key.block_hash == hashes[0])
-        await eng._drop(entry.key, "dram")
+        await eng.placement._drop(entry.key, "dram")
         got = await eng.get("ns", hashes)
         assert got[0] is None and all(g is not None for g in got[1:])
         counters = tier.counters()
