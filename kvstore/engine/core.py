@@ -13,7 +13,7 @@ durability (:mod:`~kvstore.engine.writeback`: recovery point, drain), the planne
 (:mod:`~kvstore.engine.planning`: admission plans per request), the store pipeline
 (:mod:`~kvstore.engine.store`: the one store operation behind Put and
 Reserve/Commit) and the lookups (:mod:`~kvstore.engine.lookup`). A tier other
-hosts share is reached through :class:`~kvstore.engine.placement.SharedHooks`, the
+hosts share is reached through :class:`~kvstore.engine.observe.SharedHooks`, the
 live profile through :class:`~kvstore.engine.observe.TrafficObserver`, read holds
 through :class:`~kvstore.engine.observe.Holder`.
 
@@ -25,7 +25,6 @@ mover's queue itself between requests.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
 from dataclasses import replace
@@ -37,9 +36,9 @@ from kvstore.engine.index import Index, reachable
 from kvstore.engine.leases import Leases
 from kvstore.engine.lookup import Lookup, Lookups, check_turn
 from kvstore.engine.mover import Mover
-from kvstore.engine.observe import Holder, TrafficObserver
-from kvstore.engine.placement import Placement, SharedHooks
-from kvstore.engine.planning import Planner
+from kvstore.engine.observe import Holder, SharedHooks, TrafficObserver
+from kvstore.engine.placement import Placement
+from kvstore.engine.planning import Planner, check_hint
 from kvstore.engine.quotas import Quota, Quotas
 from kvstore.engine.requests import Requests
 from kvstore.engine.retention import Retention, RetentionLimits
@@ -52,7 +51,7 @@ from kvstore.events import EventSink, NullSink
 from kvstore.policies import Hint, Policy, TierSpec
 from kvstore.policies.cost import CostModel, read_bytes_per_s
 from kvstore.tiers.base import SlotTier, Tier
-from kvstore.types import BlockKey, BlockMeta, Medium, SessionKey, Workload
+from kvstore.types import BlockKey, BlockMeta, Medium
 
 __all__ = ["Engine", "Lookup", "NewBlock"]  # NewBlock re-exported from kvstore.engine.blocks
 
@@ -124,55 +123,19 @@ class Engine:
         self.profile: TrafficObserver | None = None
         #: Pins blocks for co-located readers (the shared-memory plane attaches itself).
         self.plane: Holder | None = None
-
-    # -- the parts others read (the placement's, held here) --------------------------
-    @property
-    def tiers(self) -> dict[str, Tier]:
-        return self.placement.tiers
-
-    @property
-    def order(self) -> list[str]:
-        return self.placement.order
-
-    @property
-    def policy(self) -> Policy:
-        return self.placement.policy
-
-    @property
-    def events(self) -> EventSink:
-        return self.placement.events
-
-    @property
-    def clock(self) -> Callable[[], float]:
-        return self.placement.clock
-
-    @property
-    def index(self) -> Index:
-        return self.placement.index
-
-    @property
-    def stats(self) -> EngineStats:
-        return self.placement.stats
-
-    @property
-    def mover(self) -> Mover:
-        return self.placement.mover
-
-    @property
-    def leases(self) -> Leases:
-        return self.placement.leases
-
-    @property
-    def retention(self) -> Retention:
-        return self.placement.retention
-
-    @property
-    def quotas(self) -> Quotas:
-        return self.placement.quotas
-
-    @property
-    def health(self) -> WriteHealth:
-        return self.placement.health
+        # The placement's parts others read, held here too (the same objects).
+        self.tiers: dict[str, Tier] = pl.tiers
+        self.order: list[str] = pl.order
+        self.policy: Policy = pl.policy
+        self.events: EventSink = pl.events
+        self.clock: Callable[[], float] = pl.clock
+        self.index: Index = pl.index
+        self.stats: EngineStats = pl.stats
+        self.mover: Mover = pl.mover
+        self.leases: Leases = pl.leases
+        self.retention: Retention = pl.retention
+        self.quotas: Quotas = pl.quotas
+        self.health: WriteHealth = pl.health
 
     @property
     def recovery(self) -> RecoveryPoint | None:
@@ -426,45 +389,14 @@ class Engine:
         """A turn or session event: let the policy move that session's blocks.
 
         The session is the one of ``request_id`` in ``namespace`` (a request looked
-        up before; its hint also ends it), else ``hint.session_id`` in ``namespace``. A session's
-        end drops a block only if no other live session still needs it.
+        up before; its hint also ends it), else ``hint.session_id`` in ``namespace``. A
+        session's end drops a block only if no other live session still needs it.
         ``output_tokens``: what the turn generated (for the profile)."""
-        if not namespace or not (request_id or hint.session_id):
-            raise InvalidArgument(
-                "a hint names its session by namespace and session_id (sessions are scoped "
-                "by namespace), or by namespace and the request_id of a request looked up "
-                "before (request ids are scoped by namespace too)")
-        if hint.event not in Hint.EVENTS:
-            raise InvalidArgument(
-                f"Hint: unknown event {hint.event!r}; valid: {', '.join(Hint.EVENTS)}")
-        gap = hint.expected_gap_s
-        if gap is not None and (not math.isfinite(gap) or gap < 0):
-            raise InvalidArgument(
-                "Hint: expected_gap_ms must be a finite number >= 0 (0 = unknown), got "
-                f"{gap * 1e3!r}")
-        hint = replace(hint, workload=Workload.parse(hint.workload).value)
+        hint = check_hint(hint, namespace, request_id)
         if self.profile is not None:
             self.profile.on_hint(str(hint.session_id), hint.event, hint.tool or "",
                                  output_tokens)
-        opened = self.requests.close(namespace, request_id)
-        if opened is not None:
-            session = opened.session
-        elif hint.session_id:
-            session = SessionKey(namespace, hint.session_id)
-        else:
-            raise InvalidArgument(
-                f"a hint names its session by namespace and session_id, or by the request_id "
-                f"of a request looked up before: no request {request_id!r} is open in "
-                f"namespace {namespace!r}")
-        now = self.clock()
-        index = self.index
-        held = [(k, e.tiers[0]) for k in self.sessions.keys(session)
-                if (e := index.get(k)) is not None]  # type: ignore[arg-type]
-        moves = self.policy.on_hint(replace(hint, session_id=session), held, now)
-        if hint.event == "session_end":
-            free = set(self.sessions.end(session))
-            moves = [m for m in moves if m.dst is not None or m.key in free]
-        return self.placement.schedule(moves, f"hint:{hint.event}")
+        return self.planner.hint(hint, namespace, request_id)
 
     def retain(self, namespace: str, hashes: Sequence[bytes], ttl_s: float) -> int:
         """Keep the blocks for ``ttl_s`` seconds, softly (:mod:`kvstore.engine.retention`);

@@ -6,7 +6,7 @@ the policy (its plan says where the missing blocks may be stored; its moves run 
 the mover) and prefetches the served blocks into the fastest tier; a repeat of
 the same ``request_id`` only reads the index (counted once). :meth:`Lookups.extend`
 then continues the prefix from a tier other hosts share, when there is one
-(:class:`~kvstore.engine.placement.SharedHooks`), and corrects the store count by
+(:class:`~kvstore.engine.observe.SharedHooks`), and corrects the store count by
 what it found.
 """
 

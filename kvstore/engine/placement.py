@@ -11,6 +11,12 @@ whole prefix, so what it reports stored is reachable after a restart. Retention
 (:mod:`kvstore.engine.retention`) is applied here too, once for every policy:
 retained blocks are shielded from the policy's victims, go last (demoted, oldest
 deadline first), and the policy's own drops skip them.
+
+Why one module past ~400 lines: room, eviction, copies and drops call one another
+(a demotion is a copy that makes room below; a copy into a persistent tier first
+copies the block's prefix; a drop waits for the copies and readers that hold the
+bytes) and share one bookkeeping of copies in flight and deferred frees. Split
+apart, each part would reach into the others' state.
 """
 
 from __future__ import annotations
@@ -19,7 +25,6 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Container, Hashable, Sequence
-from typing import Protocol
 
 import xxhash
 
@@ -28,6 +33,7 @@ from kvstore.engine.durability import RecoveryPoint, WriteHealth
 from kvstore.engine.index import Entry, Index
 from kvstore.engine.leases import Leases
 from kvstore.engine.mover import Mover, Transfer
+from kvstore.engine.observe import SharedHooks
 from kvstore.engine.quotas import OtherTenants, Quota, Quotas
 from kvstore.engine.retention import Retention, RetentionLimits, Shielded
 from kvstore.engine.stats import EngineStats
@@ -45,27 +51,11 @@ from kvstore.tiers._common import check_size
 from kvstore.tiers.base import PersistentTier, SlotTier, Tier
 from kvstore.types import BlockKey, BlockMeta, Medium
 
-__all__ = ["Placement", "Protected", "SharedHooks"]
+__all__ = ["Placement", "Protected"]
 
 log = logging.getLogger("kvstore.engine")
 
 _MAX_EVICTION_ROUNDS = 64
-
-
-class SharedHooks(Protocol):
-    """What the placement asks of a tier other hosts share (the engine's interface to
-    :class:`kvstore.engine.shared.SharedPrefix`)."""
-
-    def after_store(self, entry: Entry) -> None:
-        """A block was stored here: queue its copy to the shared tier, if it shares them."""
-
-    def sweep(self) -> int:
-        """Forget the shared blocks whose TTL passed; returns how many."""
-
-    async def extend(self, namespace: str, hashes: Sequence[bytes], start: int,
-                     count: bool = True) -> list[Medium]:
-        """Media of the blocks after ``hashes[:start]`` found in the shared tier (adopted
-        into the index); ``count=False``: a repeated lookup, its statistics counted."""
 
 
 class Protected(Container[Hashable]):

@@ -10,6 +10,7 @@ a block is admitted by the same rule whichever way its bytes come in.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import replace
 
@@ -17,10 +18,30 @@ from kvstore.engine.geometry import Geometry
 from kvstore.engine.placement import Placement
 from kvstore.engine.requests import UNPLANNED, Requests
 from kvstore.engine.sessions import Sessions
-from kvstore.policies import RequestInfo
-from kvstore.types import BlockKey, SessionKey
+from kvstore.errors import InvalidArgument
+from kvstore.policies import Hint, RequestInfo
+from kvstore.types import BlockKey, SessionKey, Workload
 
-__all__ = ["Planner"]
+__all__ = ["Planner", "check_hint"]
+
+
+def check_hint(hint: Hint, namespace: str, request_id: Hashable) -> Hint:
+    """A hint as a client may send it: a namespace and a session (its id, or a request
+    looked up before), a known event, a finite gap >= 0, a known workload."""
+    if not namespace or not (request_id or hint.session_id):
+        raise InvalidArgument(
+            "a hint names its session by namespace and session_id (sessions are scoped "
+            "by namespace), or by namespace and the request_id of a request looked up "
+            "before (request ids are scoped by namespace too)")
+    if hint.event not in Hint.EVENTS:
+        raise InvalidArgument(
+            f"Hint: unknown event {hint.event!r}; valid: {', '.join(Hint.EVENTS)}")
+    gap = hint.expected_gap_s
+    if gap is not None and (not math.isfinite(gap) or gap < 0):
+        raise InvalidArgument(
+            "Hint: expected_gap_ms must be a finite number >= 0 (0 = unknown), got "
+            f"{gap * 1e3!r}")
+    return replace(hint, workload=Workload.parse(hint.workload).value)
 
 
 class Planner:
@@ -124,3 +145,27 @@ class Planner:
                 break
             n += 1
         return n
+
+    def hint(self, hint: Hint, namespace: str, request_id: Hashable) -> int:
+        """Let the policy move the blocks of the hint's session (a checked hint: see
+        ``Engine.hint``); returns how many transfers it queued."""
+        opened = self.requests.close(namespace, request_id)
+        if opened is not None:
+            session = opened.session
+        elif hint.session_id:
+            session = SessionKey(namespace, hint.session_id)
+        else:
+            raise InvalidArgument(
+                f"a hint names its session by namespace and session_id, or by the request_id "
+                f"of a request looked up before: no request {request_id!r} is open in "
+                f"namespace {namespace!r}")
+        pl = self.placement
+        now = pl.clock()
+        index = pl.index
+        held = [(k, e.tiers[0]) for k in self.sessions.keys(session)
+                if (e := index.get(k)) is not None]  # type: ignore[arg-type]
+        moves = pl.policy.on_hint(replace(hint, session_id=session), held, now)
+        if hint.event == "session_end":
+            free = set(self.sessions.end(session))
+            moves = [m for m in moves if m.dst is not None or m.key in free]
+        return pl.schedule(moves, f"hint:{hint.event}")

@@ -56,7 +56,7 @@ class TtlAdvisor(Protocol):
 
 class SharedPrefix:
     """The engine's hooks for one shared tier (see the module docstring); the engine
-    reaches them through :class:`~kvstore.engine.placement.SharedHooks`."""
+    reaches them through :class:`~kvstore.engine.observe.SharedHooks`."""
 
     def __init__(self, engine: Engine, tier_name: str, *, write_through: bool = True) -> None:
         tier = engine.tiers[tier_name]
