@@ -9,17 +9,14 @@ lifecycle: this class only drives its primitives for the slot tier.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Container, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 import xxhash
 
 from kvstore.engine.blocks import NewBlock, check_payload, new_meta
 from kvstore.engine.core import Engine
-from kvstore.engine.index import Entry
 from kvstore.engine.leases import Lease, Reservation, check_lease_seconds
 from kvstore.errors import (
     BadDescriptor,
@@ -35,10 +32,6 @@ from kvstore.types import BlockKey, BlockMeta, Workload, check_hash
 
 __all__ = ["SlotPlane"]
 
-#: How long a reservation waits for copies out of a full tier (write-back) to end
-#: when nothing else there can make room, before it is refused with TierFull.
-BUSY_WAIT_S = 1.0
-
 log = logging.getLogger(__name__)
 
 
@@ -53,9 +46,12 @@ class SlotPlane:
 
     @classmethod
     def for_engine(cls, engine: Engine) -> SlotPlane | None:
+        """The plane of the engine's shared-memory tier (None without one), attached
+        to the engine as the holder its lookups pin blocks with."""
         for name in engine.order:
             if isinstance(engine.tiers[name].unwrap(), SlotTier):
-                return cls(engine, engine.tiers[name])
+                plane = engine.plane = cls(engine, engine.tiers[name])
+                return plane
         return None
 
     def segments(self) -> list[tuple[str, int]]:
@@ -67,21 +63,23 @@ class SlotPlane:
         """Slots for clients to write; ``None`` for blocks not to write: already
         stored, refused by the policy's plan for their request, or bound for another
         tier while this one has no free room to stage them. The reservations belong to
-        ``owner`` (the caller's identity)."""
+        ``owner`` (the caller's identity).
+
+        The store pipeline's plan and room steps (:mod:`kvstore.engine.store`); the
+        slot is the room. All or nothing: when a block bound here gets no room, or
+        what holds the room is this call's own slots, every slot it reserved is freed
+        and TierFull raised (the client retries in smaller batches)."""
         eng = self.engine
-        eng.check_accepting()
+        store = eng.store
+        eng.durability.check_accepting()
         hashes = eng.check_hashes(namespace, [h for h, _ in items], unique=True)
-        wl = Workload.parse(workload).value
+        Workload.parse(workload)
         for h, size in items:
             check_payload(h, size, eng.max_block_bytes)
+        op = store.plan(namespace, hashes, [size for _, size in items], session_id, workload,
+                        request_id)
+        target_of = op.target_of()
         now = eng.clock()
-        fresh = [i for i, h in enumerate(hashes) if eng.index.get_hash(namespace, h) is None
-                 and not eng.free_pending(BlockKey(namespace, h))]
-        targets = eng.plan_admissions(namespace, [hashes[i] for i in fresh], 0, session_id, wl,
-                                      request_id, now,
-                                      max((items[i][1] for i in fresh), default=0))
-        target_of = dict(zip(fresh, targets, strict=True))
-        protect = eng.request_keys(namespace, hashes, request_id)
         out: list[Slot | None] = []
         #: bytes this call reserved in the tier for the block's own use (its tenant's
         #: quota counts them before they are committed and indexed)
@@ -100,7 +98,7 @@ class SlotPlane:
                     # room is this call's own slots, TierFull (the client retries in
                     # smaller batches); otherwise the block is not stored this time.
                     try:
-                        await eng.make_room(self.tier.name, size, protect)
+                        await store.room(op, self.tier.name, size, quota=False)
                     except TierFull:
                         if any(slot is not None for slot in out):
                             raise
@@ -108,7 +106,7 @@ class SlotPlane:
                         continue
                 elif target == self.tier.name:
                     try:
-                        await self._make_room(size, protect, namespace, pending)
+                        await store.room(op, self.tier.name, size, pending=pending)
                     except QuotaExceeded:
                         # the tenant is at its quota here: this block and the rest of
                         # its chain are not stored this time
@@ -128,26 +126,6 @@ class SlotPlane:
             raise
         return out
 
-    async def _make_room(self, size: int, protect: Container[Hashable], namespace: str,
-                         pending: int) -> None:
-        """Room for a block in this tier. While nothing can make it because what holds
-        the tier is being copied out (write-back to a slower tier, which ends within
-        milliseconds), wait for the copies, for up to BUSY_WAIT_S, instead of refusing a
-        block just before room frees up (seen as a put of 10 MiB into a 4 MiB tier in
-        front of a disk failing about once in 25 runs)."""
-        eng = self.engine
-        deadline = time.monotonic() + BUSY_WAIT_S
-        while True:
-            try:
-                await eng.make_room(self.tier.name, size, protect, namespace, pending)
-                return
-            except QuotaExceeded:
-                raise
-            except TierFull:
-                if not eng.copying(self.tier.name) or time.monotonic() >= deadline:
-                    raise
-                await asyncio.sleep(0.005)
-
     def view(self, slot: Slot) -> memoryview:
         return self.slots.view(slot)
 
@@ -158,8 +136,8 @@ class SlotPlane:
         is ignored: the bytes are read from the slot). A block the plan put in another
         tier is copied there from its slot, and the slot freed."""
         eng = self.engine
-        eng.check_accepting()
-        wl = Workload.parse(workload)
+        eng.durability.check_accepting()
+        Workload.parse(workload)
         eng.check_hashes(namespace, [b.block_hash for _, b in items], unique=True)
         for _, b in items:
             if b.parent_hash:
@@ -169,10 +147,9 @@ class SlotPlane:
                     f"block {bytes(b.block_hash).hex()[:16]} carries {len(b.token_ids)} token "
                     f"ids; at most {eng.max_block_tokens} (server.max_block_tokens)")
         now = eng.clock()
-        stored = 0
-        placed: list[Entry] = []
-        sid = eng.meta_session(namespace, session_id, request_id,
-                               [b.block_hash for _, b in items])
+        store = eng.store
+        op = store.resume(namespace, [b.block_hash for _, b in items], session_id, workload,
+                          request_id)
         for i, (desc, b) in enumerate(items):
             r = eng.leases.take_reservation(desc.slot_id, now, owner)
             if desc != r.slot:
@@ -194,10 +171,10 @@ class SlotPlane:
                 continue
             view = self.slots.view(r.slot)
             meta = new_meta(namespace, NewBlock(b.block_hash, b.parent_hash, b.token_ids, view),
-                             xxhash.xxh3_64_intdigest(view), sid, wl)
+                            xxhash.xxh3_64_intdigest(view), op.session_id, op.workload)
             if r.target != self.tier.name and r.target is not None:
                 try:
-                    copied = await eng.store_copy(meta, view, r.target, request_id)
+                    copied = await store.store(op, meta, view, r.target)
                 except QuotaExceeded as exc:
                     # its tenant is at its quota in the target tier: this block and the
                     # rest of its chain are not stored; their slots are freed
@@ -212,19 +189,14 @@ class SlotPlane:
                     raise
                 if copied is not None:
                     self.slots.abort(r.slot)
-                    entry = copied
-                else:  # a persistent target without its prefix: kept here, written back
-                    self.slots.commit(r.slot, meta)  # after its prefix
-                    entry = eng.written_in_place(meta, self.tier.name)
-            else:
-                self.slots.commit(r.slot, meta)
-                entry = eng.written_in_place(meta, self.tier.name)
-            placed.append(entry)
-            stored += 1
-            eng.stats.bytes_in += meta.size
-        eng.touch_tail_first(placed)
-        eng.stats.puts += 1
-        return stored
+                    continue
+                # a persistent target without its prefix: kept here, written back after
+            self.slots.commit(r.slot, meta)
+            store.placed(op, meta, self.tier.name)
+        store.finish(op)
+        if eng.profile is not None:
+            eng.profile.on_store((d.length, len(blk.token_ids)) for d, blk in items)
+        return len(op.placed)
 
     def abort(self, slot_ids: Sequence[int], owner: str = "") -> None:
         now = self.engine.clock()
@@ -272,7 +244,7 @@ class SlotPlane:
             return
         if entry is not None and name not in entry.tiers:
             try:
-                await eng.copy(entry, entry.tiers[0], name)  # promote for the read
+                await eng.placement.copy(entry, entry.tiers[0], name)  # promote for the read
             except (TierFull, DataCorruption, BlockNotFound) as exc:
                 log.info("could not promote %s for a read: %s", entry.key, exc)
             entry = eng.index.get_hash(namespace, h)
@@ -317,5 +289,5 @@ class SlotPlane:
         view = self.slots.view(self.slots.locate(key))
         if xxhash.xxh3_64_intdigest(view) == entry.meta.checksum:
             return 0
-        await eng.drop_corrupt(key, self.tier.name, "reported by a reader")
+        await eng.placement.drop_corrupt(key, self.tier.name, "reported by a reader")
         return 1

@@ -11,6 +11,12 @@ whole prefix, so what it reports stored is reachable after a restart. Retention
 (:mod:`kvstore.engine.retention`) is applied here too, once for every policy:
 retained blocks are shielded from the policy's victims, go last (demoted, oldest
 deadline first), and the policy's own drops skip them.
+
+Why one module past ~400 lines: room, eviction, copies and drops call one another
+(a demotion is a copy that makes room below; a copy into a persistent tier first
+copies the block's prefix; a drop waits for the copies and readers that hold the
+bytes) and share one bookkeeping of copies in flight and deferred frees. Split
+apart, each part would reach into the others' state.
 """
 
 from __future__ import annotations
@@ -19,7 +25,6 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Container, Hashable, Sequence
-from typing import TYPE_CHECKING
 
 import xxhash
 
@@ -28,6 +33,7 @@ from kvstore.engine.durability import RecoveryPoint, WriteHealth
 from kvstore.engine.index import Entry, Index
 from kvstore.engine.leases import Leases
 from kvstore.engine.mover import Mover, Transfer
+from kvstore.engine.observe import SharedHooks
 from kvstore.engine.quotas import OtherTenants, Quota, Quotas
 from kvstore.engine.retention import Retention, RetentionLimits, Shielded
 from kvstore.engine.stats import EngineStats
@@ -44,9 +50,6 @@ from kvstore.policies import Move, Policy
 from kvstore.tiers._common import check_size
 from kvstore.tiers.base import PersistentTier, SlotTier, Tier
 from kvstore.types import BlockKey, BlockMeta, Medium
-
-if TYPE_CHECKING:
-    from kvstore.engine.shared import SharedPrefix
 
 __all__ = ["Placement", "Protected"]
 
@@ -116,7 +119,7 @@ class Placement:
         self._persistent = {name for name, t in self.tiers.items()
                             if isinstance(t.unwrap(), PersistentTier)}
         #: Hooks for a tier other hosts share (kvstore.engine.shared), set by the server.
-        self.shared: SharedPrefix | None = None
+        self.shared: SharedHooks | None = None
         #: Failed copies into each tier, and which tiers are degraded.
         self.health = WriteHealth()
         #: The write-back deadline of every new block (None: no recovery point).
@@ -202,6 +205,15 @@ class Placement:
         short = need - (self.tiers[tier_name].used_bytes - shielded)
         return retention.victims(tier_name, index, max(short, 1), protected, now)
 
+    @property
+    def persistent(self) -> set[str]:
+        """Tiers that survive a restart."""
+        return self._persistent
+
+    def rank(self, tier_name: str) -> int:
+        """Position of a tier in the order, fastest first."""
+        return self._rank[tier_name]
+
     def _next_tier(self, tier_name: str) -> str | None:
         i = self._rank[tier_name] + 1
         return self.order[i] if i < len(self.order) else None
@@ -276,16 +288,6 @@ class Placement:
         return dropped
 
     # -- placement --------------------------------------------------------------------
-    async def _store(self, meta: BlockMeta, payload: bytes | memoryview, tier_name: str,
-                     extra: Container[Hashable] = ()) -> Entry | None:
-        """Store one block in a tier (None: not stored, its prefix cannot be durable
-        there: see :meth:`prefix_held`)."""
-        if not await self.prefix_held(meta, tier_name, extra):
-            return None
-        await self.make_room(tier_name, meta.size, extra, meta.key.namespace)
-        await self.put_into(tier_name, meta, payload)
-        return self._stored(meta, tier_name)
-
     async def put_into(self, tier_name: str, meta: BlockMeta, payload: bytes | memoryview
                        ) -> None:
         """A tier's put, its outcome counted for the tier's health."""
@@ -315,7 +317,7 @@ class Placement:
                 log.debug("prefix of %s not copied to %s: %s", meta.key, tier_name, exc)
         return tier_name in above.tiers
 
-    def _stored(self, meta: BlockMeta, tier_name: str) -> Entry:
+    def stored(self, meta: BlockMeta, tier_name: str) -> Entry:
         entry = self.index.add_location(meta, tier_name)
         info = entry.info
         if info is None:
@@ -372,7 +374,7 @@ class Placement:
             if self.index.get(key) is not entry:
                 await self.tiers[dst].delete(key)  # deleted while we copied: keep it deleted
                 return
-            self._stored(entry.meta, dst)
+            self.stored(entry.meta, dst)
             self.stats.moved_bytes[(src, dst)] += entry.meta.size
         finally:
             self._in_flight[key] -= 1
@@ -394,16 +396,26 @@ class Placement:
             if dst not in e.tiers and e.tiers:
                 await self.copy(e, e.tiers[0], dst, extra)
 
-    async def _drop(self, key: BlockKey, tier_name: str) -> None:
-        """Forget ``key`` in a tier and free its bytes, unless a reader or a copy still
-        holds them: then they are freed once let go (:meth:`free_deferred`), so a slot
-        is never reused under a lease."""
+    def forget(self, key: BlockKey, tier_name: str) -> None:
+        """Forget ``key``'s copy in a tier (index, policy, event stream); its bytes are
+        the caller's to free, or to leave (a shared tier's, another host may use)."""
         self.index.remove_location(key, tier_name)
         self.policy.on_remove(key, tier_name)
         self.events.block_removed((key,), self._medium[tier_name])
+
+    def unlink(self, key: BlockKey, tier_name: str) -> bool:
+        """Forget ``key``'s copy in a tier; True if its bytes are to be freed now, False
+        if a reader or a copy still holds them: then they are freed once let go
+        (:meth:`free_deferred`), so a slot is never reused under a lease."""
+        self.forget(key, tier_name)
         if self.is_protected(key):
             self._deferred_free.setdefault(key, set()).add(tier_name)
-        else:
+            return False
+        return True
+
+    async def _drop(self, key: BlockKey, tier_name: str) -> None:
+        """Forget ``key`` in a tier and free its bytes (see :meth:`unlink`)."""
+        if self.unlink(key, tier_name):
             await self.tiers[tier_name].delete(key)
 
     async def drop_corrupt(self, key: BlockKey, tier_name: str, where: str) -> None:
@@ -413,7 +425,7 @@ class Placement:
         if entry is not None and tier_name in entry.tiers:
             await self._drop(key, tier_name)
 
-    async def _read(self, entry: Entry) -> bytes | None:
+    async def read(self, entry: Entry) -> bytes | None:
         """A verified copy of the block's bytes from its fastest intact tier."""
         for tier_name in list(entry.tiers):
             try:
@@ -450,7 +462,7 @@ class Placement:
         if not t.keep_src and self.index.get(t.key) is not None:
             await self._drop(t.key, t.src)
 
-    def _schedule(self, moves: Sequence[Move], reason: str) -> int:
+    def schedule(self, moves: Sequence[Move], reason: str) -> int:
         """Queue the policy's moves. A drop (``dst=None``) drops every copy: with
         write-back a block may sit in several tiers, and the policy sees the fastest.
         A move up (a prefetch) keeps the slower copy, as write-back would make it."""
@@ -469,7 +481,7 @@ class Placement:
                 n += self.mover.submit(Transfer(m.key, src, m.dst, keep_src=up, reason=reason))
         return n
 
-    def _after_store(self, entry: Entry) -> None:
+    def after_store(self, entry: Entry) -> None:
         """Write-back: queue a copy of a new block where the policy would demote it
         (the next slower tier by default), so an eviction later is a drop; and the
         write-through to a shared tier, if there is one."""

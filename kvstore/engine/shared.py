@@ -4,7 +4,7 @@ A shared tier (Redis, :class:`~kvstore.tiers.base.SharedTier`) holds blocks this
 sidecar's index has never seen. :class:`SharedPrefix` is the engine's part in
 that, attached as ``engine.shared`` and called from four places:
 
-* **Lookup** (the servicer, after ``Engine.lookup``): when the local prefix ends
+* **Lookup** (``Engine.serve_lookup``, after the local lookup): when the local prefix ends
   before the request's hashes do, :meth:`SharedPrefix.extend` probes the shared
   tier for the rest in one round trip. Each leading block found whose load beats
   recomputing its tokens (:class:`~kvstore.policies.cost.CostModel`) is
@@ -12,7 +12,7 @@ that, attached as ``engine.shared`` and called from four places:
   tier, announced as ``BlockStored`` ``REMOTE`` and queued for a prefetch into
   the fastest tier. A later Acquire / Get loads it through the engine's usual
   promotion path, so its bytes are checksum-verified like any other copy.
-* **After a store** (``Engine._after_store``): with ``write_through`` every
+* **After a store** (the placement's ``after_store``): with ``write_through`` every
   block the policy admitted is copied to the shared tier in the background, so
   other hosts find it at once (otherwise it only gets there when demoted).
 * **Sweep** (``Engine.sweep``): blocks whose TTL passed are forgotten
@@ -55,7 +55,8 @@ class TtlAdvisor(Protocol):
 
 
 class SharedPrefix:
-    """The engine's hooks for one shared tier (see the module docstring)."""
+    """The engine's hooks for one shared tier (see the module docstring); the engine
+    reaches them through :class:`~kvstore.engine.observe.SharedHooks`."""
 
     def __init__(self, engine: Engine, tier_name: str, *, write_through: bool = True) -> None:
         tier = engine.tiers[tier_name]
@@ -79,9 +80,9 @@ class SharedPrefix:
     async def extend(self, namespace: str, hashes: Sequence[bytes], start: int,
                      count: bool = True) -> list[Medium]:
         """Media of the blocks after ``hashes[:start]`` (the local prefix) found in the
-        shared tier, adopted into the index. Call it with the result of
-        ``Engine.lookup``: ``media += await shared.extend(ns, hashes, len(media))``;
-        ``count=False`` for a repeated lookup of a request (its stats were counted)."""
+        shared tier, adopted into the index (``Engine.serve_lookup`` calls it with the
+        local prefix's length); ``count=False`` for a repeated lookup of a request (its
+        stats were counted)."""
         eng = self.engine
         if start >= len(hashes) or not self.worth_loading(namespace):
             return []
@@ -93,14 +94,14 @@ class SharedPrefix:
             entry = eng.index.get(meta.key)
             if entry is None:
                 try:
-                    await eng.make_room(self.name, meta.size, (), namespace)
+                    await eng.placement.make_room(self.name, meta.size, (), namespace)
                 except ResourceExhausted as exc:
                     log.info("shared block %s not adopted: %s", meta.key, exc)
                     break
                 entry = eng.index.get(meta.key)  # stored meanwhile by another request?
             if entry is None:
                 self.tier.adopt(block)
-                eng._stored(meta, self.name)
+                eng.placement.stored(meta, self.name)
                 media.append(self.medium)
                 if top != self.name:
                     eng.mover.submit(Transfer(meta.key, self.name, top, keep_src=True,
@@ -129,9 +130,7 @@ class SharedPrefix:
             entry = eng.index.get(key)
             if entry is None or self.name not in entry.tiers:
                 continue
-            eng.index.remove_location(key, self.name)
-            eng.policy.on_remove(key, self.name)
-            eng.events.block_removed([key], self.medium)
+            eng.placement.forget(key, self.name)  # its key is left: others may renew it
             n += 1
         return n
 

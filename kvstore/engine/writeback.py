@@ -26,45 +26,48 @@ __all__ = ["WriteBack"]
 log = logging.getLogger("kvstore.engine")
 
 
-class WriteBack(Placement):
+class WriteBack:
     """The recovery point and the drain, over the placement primitives."""
 
-    #: Block sizes and the cost model per namespace (the engine sets it).
-    geometry: Geometry
-
-    #: False once a drain began: puts are refused (UNAVAILABLE).
-    accepting: bool = True
+    def __init__(self, placement: Placement, geometry: Geometry) -> None:
+        self.placement = placement
+        #: Block sizes and the cost model per namespace.
+        self.geometry = geometry
+        #: False once a drain began: puts are refused (UNAVAILABLE).
+        self.accepting = True
 
     def queue_recovery_point(self) -> int:
         """Queue the write-back of every block whose recovery point has come (it was
         stored ``recovery.delay_s`` ago) and that is still only in tiers faster than
         the first persistent one; blocks the policy dropped meanwhile are gone from the
         index. Returns how many were queued."""
-        if self.recovery is None:
+        pl = self.placement
+        if pl.recovery is None:
             return 0
         dst = self.durable_tier()
         if dst is None:
             return 0
-        rank = self._rank
+        rank = pl.rank
         n = 0
-        for key in self.recovery.due(self.clock()):
-            entry = self.index.get(key)
+        for key in pl.recovery.due(pl.clock()):
+            entry = pl.index.get(key)
             if entry is None or not entry.tiers or dst in entry.tiers:
                 continue
             src = entry.tiers[0]
-            if rank[src] < rank[dst] and self.worth_on(key.namespace, dst):
-                n += self.mover.submit(Transfer(key, src, dst, keep_src=True,
+            if rank(src) < rank(dst) and self.worth_on(key.namespace, dst):
+                n += pl.mover.submit(Transfer(key, src, dst, keep_src=True,
                                                 reason="recovery point"))
         return n
 
     def worth_on(self, namespace: str, tier_name: str) -> bool:
         """Whether a load from the tier beats recomputing the namespace's blocks (cost
         model): a copy where it does not is worthless (no lookup serves from it)."""
-        return bool(self.geometry.worth(namespace)[self._rank[tier_name]])
+        return bool(self.geometry.worth(namespace)[self.placement.rank(tier_name)])
 
     def durable_tier(self) -> str | None:
         """The fastest persistent tier (the disk), if there is one."""
-        return next((name for name in self.order if name in self._persistent), None)
+        pl = self.placement
+        return next((name for name in pl.order if name in pl.persistent), None)
 
     def check_accepting(self) -> None:
         """Refuse a put once the server is draining (it is about to exit)."""
@@ -80,11 +83,12 @@ class WriteBack(Placement):
         dst = self.durable_tier()
         if dst is None:
             return 0
-        rank, index = self._rank, self.index
+        pl = self.placement
+        rank, index = pl.rank, pl.index
 
         def unwritten() -> list[Entry]:
             return [e for e in index.entries() if e.tiers and dst not in e.tiers
-                    and rank[e.tiers[0]] < rank[dst] and self.worth_on(e.key.namespace, dst)
+                    and rank(e.tiers[0]) < rank(dst) and self.worth_on(e.key.namespace, dst)
                     and (e.meta.parent_hash is None
                          or index.get_hash(e.key.namespace, e.meta.parent_hash) is not None)]
 
@@ -94,9 +98,9 @@ class WriteBack(Placement):
                     continue
                 src = entry.tiers[0]
                 try:
-                    await self.copy(entry, src, dst)
+                    await pl.copy(entry, src, dst)
                 except Exception as exc:  # counted and warned; the drain goes on
-                    self.health.copy_failed("drain write-back", entry.key, src, dst, exc)
+                    pl.health.copy_failed("drain write-back", entry.key, src, dst, exc)
 
         todo = unwritten()
         t0 = time.monotonic()

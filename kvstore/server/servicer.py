@@ -1,9 +1,9 @@
 """The gRPC servicer: translates wire <-> domain and maps errors to statuses.
 
 No logic lives here: every call goes to the engine (or the shared-memory
-plane), and every :class:`KVStoreError` leaves as its own status code with its
-message plus a ``kvstore-error`` trailer naming the exception class, so the
-client re-raises the same type.
+plane; a Lookup's hold is the engine's too), and every :class:`KVStoreError`
+leaves as its own status code with its message plus a ``kvstore-error`` trailer
+naming the exception class, so the client re-raises the same type.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -24,6 +23,7 @@ from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 from kvstore.engine.core import Engine
 from kvstore.engine.dataplane import SlotPlane
+from kvstore.engine.leases import Lease
 from kvstore.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -42,7 +42,8 @@ from kvstore.server.convert import (
     slot_from_pb,
     slot_to_pb,
 )
-from kvstore.types import Workload
+from kvstore.tiers.base import Slot
+from kvstore.types import BlockMeta
 
 __all__ = ["KVStoreServicer"]
 
@@ -127,8 +128,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         self.host_id = host_id()
         self.max_put_streams = max_put_streams
         self._put_streams = 0
-        #: The live workload profile, fed one line per Lookup / Put / Commit / Hint.
+        #: The live workload profile, fed by the engine one line per Lookup / Put /
+        #: Commit / Hint (for the Profile RPC).
         self.profile = profile if profile is not None else LiveProfile()
+        engine.profile = self.profile
 
     def _plane(self) -> SlotPlane:
         if self.plane is None:
@@ -140,29 +143,18 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     @_unary
     async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
-        eng = self.engine
-        hashes = list(request.block_hashes)
-        repeat = eng.requests.get(request.namespace, _rid(request.request_id)) is not None
-        found = eng.lookup_request(request.namespace, hashes, request.session_id,
-                                   request.workload, request_id=_rid(request.request_id),
-                                   num_tokens=request.num_tokens, then=request.then,
-                                   tool=request.tool,
-                                   expected_gap_s=(request.expected_gap_ms / 1e3
-                                                   if request.expected_gap_ms else None))
-        media, store = found.media, found.store
-        if eng.shared is not None and len(media) < len(hashes):
-            more = await eng.shared.extend(request.namespace, hashes, len(media),
-                                           count=not repeat)
-            media += more
-            store = max(0, store - len(more))
-        if not repeat:
-            self.profile.on_lookup(request.namespace, request.block_hashes,
-                                   request.session_id, request.workload)
-        resp = pb.LookupResponse(num_hit=len(media), media=[MEDIUM_TO_PB[m] for m in media],
-                                 store_blocks=store, keep_ms=found.keep_s * 1e3)
-        if request.hold and media and self.plane is not None:
-            resp.held.CopyFrom(await self._acquired(request.namespace, hashes[:len(media)],
-                                                    request.lease_seconds, context))
+        found = await self.engine.serve_lookup(
+            request.namespace, list(request.block_hashes), request.session_id,
+            request.workload, request_id=_rid(request.request_id),
+            num_tokens=request.num_tokens, then=request.then, tool=request.tool,
+            expected_gap_s=(request.expected_gap_ms / 1e3 if request.expected_gap_ms
+                            else None),
+            hold=request.hold, lease_seconds=request.lease_seconds, owner=_owner(context))
+        resp = pb.LookupResponse(num_hit=len(found.media),
+                                 media=[MEDIUM_TO_PB[m] for m in found.media],
+                                 store_blocks=found.store, keep_ms=found.keep_s * 1e3)
+        if found.held is not None:
+            resp.held.CopyFrom(self._held_to_pb(*found.held))
         return resp
 
     @_unary
@@ -181,8 +173,6 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                           for b in req.blocks]
                 s, e = await self.engine.put(req.namespace, blocks, req.session_id,
                                              req.workload, request_id=_rid(req.request_id))
-                self.profile.on_store((len(b.payload), len(b.header.token_ids))
-                                      for b in req.blocks)
                 stored += s
                 existing += e
             return pb.PutResponse(stored=stored, existing=existing)
@@ -235,8 +225,6 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         stored = await self._plane().commit(request.namespace, items, request.session_id,
                                             request.workload, owner=_owner(context),
                                             request_id=_rid(request.request_id))
-        self.profile.on_store((d.length, len(h.token_ids))
-                              for d, h in zip(request.slots, request.headers, strict=True))
         return pb.CommitResponse(stored=stored)
 
     @_unary
@@ -253,6 +241,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                         context: Any) -> pb.AcquireResponse:
         lease, found = await self._plane().acquire(namespace, hashes, lease_seconds,
                                                    owner=_owner(context))
+        return self._held_to_pb(lease, found)
+
+    def _held_to_pb(self, lease: Lease, found: list[tuple[Slot | None, BlockMeta] | None]
+                    ) -> pb.AcquireResponse:
         resp = pb.AcquireResponse(lease_id=lease.lease_id,
                                   lease_seconds=lease.deadline - self.engine.clock())
         for item in found:
@@ -279,26 +271,14 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     @_unary
     async def Hint(self, request: pb.HintRequest, context: Any) -> pb.HintResponse:
-        if not request.namespace or not (request.request_id or request.session_id):
-            raise InvalidArgument(
-                "Hint: give namespace and session_id, or namespace and the request_id of a "
-                "request looked up before (sessions and request ids are scoped by namespace)")
-        if request.event not in Hint.EVENTS:
-            raise InvalidArgument(
-                f"Hint: unknown event {request.event!r}; valid: {', '.join(Hint.EVENTS)}")
-        gap = request.expected_gap_ms
-        if not math.isfinite(gap) or gap < 0:
-            raise InvalidArgument(
-                f"Hint: expected_gap_ms must be a finite number >= 0 (0 = unknown), got {gap!r}")
         hint = Hint(
-            session_id=request.session_id, event=request.event,
-            workload=Workload.parse(request.workload).value, tool=request.tool or None,
+            session_id=request.session_id, event=request.event, workload=request.workload,
+            tool=request.tool or None,
             expected_gap_s=(request.expected_gap_ms / 1000.0) if request.expected_gap_ms else None,
         )
-        self.profile.on_hint(request.session_id, request.event, request.tool,
-                             request.output_tokens)
         return pb.HintResponse(moves=self.engine.hint(hint, request.namespace,
-                                                      _rid(request.request_id)))
+                                                      _rid(request.request_id),
+                                                      output_tokens=request.output_tokens))
 
     @_unary
     async def Retain(self, request: pb.RetainRequest, context: Any) -> pb.RetainResponse:

@@ -10,7 +10,7 @@ import pytest
 from kvstore.policies import TierSpec
 from kvstore.policies.lru import LRUPolicy
 
-from kvstore.engine import dataplane
+from kvstore.engine import store as store_pipeline
 from kvstore.engine.blocks import NewBlock
 from kvstore.engine.core import Engine
 from kvstore.engine.dataplane import SlotPlane
@@ -41,14 +41,14 @@ async def full_plane() -> tuple[Engine, SlotPlane, list[BlockKey]]:
 
 
 async def test_waits_for_copies_out_then_reserves(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dataplane, "BUSY_WAIT_S", 10.0)  # a loaded machine: ample
+    monkeypatch.setattr(store_pipeline, "BUSY_WAIT_S", 10.0)  # a loaded machine: ample
     eng, plane, keys = await full_plane()
     for k in keys:  # every block is being copied to a slower tier (pinned meanwhile)
-        eng._in_flight[k] += 1
+        eng.placement._in_flight[k] += 1
 
     async def copies_end() -> None:
         await asyncio.sleep(0.1)
-        eng._in_flight.clear()
+        eng.placement._in_flight.clear()
 
     ending = asyncio.create_task(copies_end())
     fresh = new_blocks(1, seed=9)[0]
@@ -60,7 +60,7 @@ async def test_waits_for_copies_out_then_reserves(monkeypatch: pytest.MonkeyPatc
 
 
 async def test_pinned_without_copies_is_refused_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dataplane, "BUSY_WAIT_S", 10.0)
+    monkeypatch.setattr(store_pipeline, "BUSY_WAIT_S", 10.0)
     eng, plane, keys = await full_plane()
     lease = eng.leases  # a reader pins every block: nothing in flight to wait for
     for k in keys:
@@ -71,13 +71,13 @@ async def test_pinned_without_copies_is_refused_at_once(monkeypatch: pytest.Monk
         await plane.reserve("ns", [(fresh.block_hash, len(fresh.payload))])
     assert time.monotonic() - started < 0.5  # not the wait (monkeypatched below)
     # copies that never end: refused once the wait is over
-    monkeypatch.setattr(dataplane, "BUSY_WAIT_S", 0.2)
+    monkeypatch.setattr(store_pipeline, "BUSY_WAIT_S", 0.2)
     for k in keys:
         del lease.pins[k]
-        eng._in_flight[k] += 1
+        eng.placement._in_flight[k] += 1
     started = time.monotonic()
     with pytest.raises(TierFull):
         await plane.reserve("ns", [(fresh.block_hash, len(fresh.payload))])
     assert time.monotonic() - started >= 0.2
-    eng._in_flight.clear()
+    eng.placement._in_flight.clear()
     await eng.close()

@@ -88,6 +88,31 @@ async def test_lookup_extends_into_the_shared_tier_and_adopts(cfg: RedisConfig) 
     await b.close()
 
 
+async def test_the_engines_lookup_extends_into_the_shared_tier_once_per_request(
+        cfg: RedisConfig) -> None:
+    """The lookup every caller makes (the servicer, the replay) runs the shared-tier
+    extension itself: the store count loses what other hosts hold, and a repeat of the
+    request is not counted again."""
+    clock = Clock()
+    a, _, _ = sidecar(cfg, clock)
+    b, _, _ = sidecar(cfg, clock)
+    await a.start()
+    await b.start()
+    blocks = new_blocks(4, 8 * KiB, seed=7)
+    hashes = [x.block_hash for x in blocks]
+    await a.put("ns", blocks[:3])
+    await a.mover.drain()  # write-through: three blocks in Redis
+    found = await b.serve_lookup("ns", hashes, request_id="r1")
+    assert found.media == [Medium.REMOTE] * 3 and found.store == 1
+    assert b.stats.lookups == 1 and b.stats.lookup_hit_blocks == 3
+    assert b.stats.lookup_miss_blocks == 1
+    again = await b.serve_lookup("ns", hashes, request_id="r1")
+    assert again.repeat and len(again.media) == 3 and again.store == 1
+    assert b.stats.lookup_hit_blocks == 3 and b.stats.lookup_miss_blocks == 1
+    await a.close()
+    await b.close()
+
+
 async def test_a_hit_that_loses_to_recompute_is_not_reported(cfg: RedisConfig) -> None:
     clock = Clock()
     a, _, _ = sidecar(cfg, clock)
@@ -161,7 +186,7 @@ async def test_redis_down_is_never_an_error(tmp_path: Path) -> None:
         assert await eng.put("ns", more) == (0, 0)
         # A read of a block only in Redis is a miss.
         entry = next(e for e in eng.index.entries() if e.key.block_hash == hashes[0])
-        await eng._drop(entry.key, "dram")
+        await eng.placement._drop(entry.key, "dram")
         got = await eng.get("ns", hashes)
         assert got[0] is None and all(g is not None for g in got[1:])
         counters = tier.counters()

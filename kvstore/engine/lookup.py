@@ -1,0 +1,146 @@
+"""The lookup: the longest stored prefix worth loading, and what to store after it.
+
+One operation for every caller (the servicer, the trace replay, tests):
+:meth:`Lookups.find` reads the index; the first lookup of a request passes it to
+the policy (its plan says where the missing blocks may be stored; its moves run on
+the mover) and prefetches the served blocks into the fastest tier; a repeat of
+the same ``request_id`` only reads the index (counted once). :meth:`Lookups.extend`
+then continues the prefix from a tier other hosts share, when there is one
+(:class:`~kvstore.engine.observe.SharedHooks`), and corrects the store count by
+what it found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, replace
+
+from kvstore.engine.index import Entry
+from kvstore.engine.mover import Transfer
+from kvstore.engine.observe import Held
+from kvstore.engine.placement import Placement
+from kvstore.engine.planning import Planner
+from kvstore.engine.requests import OpenRequest
+from kvstore.errors import InvalidArgument
+from kvstore.policies import Hint
+from kvstore.types import BlockKey, Medium, Workload
+
+__all__ = ["Lookup", "Lookups"]
+
+#: Longest tool name a lookup passes on to the policy (client strings).
+_MAX_TOOL_NAME = 128
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """What a lookup answers: the served prefix's media, and how many blocks after it
+    the request should offer to store (each admitted by the policy, or held already);
+    blocks past that would be refused, so a client need not copy them."""
+
+    media: list[Medium]
+    store: int
+    #: HBM keep the policy decided for the request (see ``Plan.keep_s``).
+    keep_s: float = 0.0
+    #: Whether this was a repeat of a request looked up before (counted once).
+    repeat: bool = False
+    #: The served prefix pinned for a co-located reader, when the lookup asked for it.
+    held: Held | None = None
+
+
+def check_turn(then: str, expected_gap_s: float | None) -> None:
+    """A lookup's statement of how its turn ends: a known event, a sane gap."""
+    if then and then not in Hint.EVENTS:
+        raise InvalidArgument(
+            f"then: unknown hint event {then!r}; valid: {', '.join(sorted(Hint.EVENTS))}")
+    if expected_gap_s is not None and not 0 <= expected_gap_s < 1e9:
+        raise InvalidArgument(f"expected_gap_ms: must be >= 0, got {expected_gap_s * 1e3!r}")
+
+
+class Lookups:
+    """Lookups over the placement (index, tiers, policy) and the planner."""
+
+    def __init__(self, placement: Placement, planner: Planner) -> None:
+        self.placement = placement
+        self.planner = planner
+
+    def find(self, namespace: str, hashes: list[bytes], session_id: str, workload: str,
+             request_id: Hashable, num_tokens: int, then: str, tool: str,
+             expected_gap_s: float | None) -> Lookup:
+        """The local part of a lookup (``hashes`` checked already); see the module."""
+        check_turn(then, expected_gap_s)
+        pl, planner = self.placement, self.planner
+        wl = Workload.parse(workload).value
+        blocks = pl.index.blocks_of(namespace)
+        hit: list[Entry] = []
+        for h in hashes:
+            entry = blocks.get(h)
+            if entry is None:
+                break
+            hit.append(entry)
+        worth = planner.geometry.worth(namespace)
+        rank = pl.rank
+        served = 0
+        for entry in hit:
+            if not worth[rank(entry.tiers[0])]:
+                break
+            served += 1
+        tiers = pl.tiers
+        media = [tiers[e.tiers[0]].medium for e in hit[:served]]
+        now = pl.clock()
+        opened = planner.requests.get(namespace, request_id)
+        if opened is not None:  # a repeat: counted once
+            return Lookup(media, planner.store_count(namespace, hashes, served, now),
+                          opened.keep_s, repeat=True)
+        session = planner.session(namespace, session_id, hashes)
+        keys = [BlockKey(namespace, h) for h in hashes]
+        hit_tiers: list[str | None] = [e.tiers[0] for e in hit]
+        hit_tiers += [None] * (len(keys) - len(hit))
+        req = replace(planner.request_info(namespace, keys, hit_tiers, session, wl, num_tokens),
+                      then=then, tool=tool[:_MAX_TOOL_NAME], expected_gap_s=expected_gap_s)
+        plan = pl.policy.on_request(req, now)
+        keep_s = max(0.0, plan.keep_s)
+        planner.requests.plan(keys, plan.admit, [t is None for t in hit_tiers], now)
+        planner.requests.open(request_id, OpenRequest(namespace, keys, session, wl, now, keep_s))
+        planner.sessions.used(session, keys, now)
+        touch = pl.policy.on_access
+        for i in range(len(hit) - 1, -1, -1):  # tail first: the head ends most recent
+            entry = hit[i]
+            touch(entry.key, entry.tiers[0], now)
+        top = pl.order[0]
+        submit = pl.mover.submit
+        mine = frozenset(keys)
+        for entry in hit[:served]:  # head first: a parent is announced before its child
+            if entry.tiers[0] != top:
+                # The session is back: bring its prefix up before the engine reads it
+                # (without evicting the rest of it to make the room).
+                submit(Transfer(entry.key, entry.tiers[0], top, keep_src=True,
+                                reason="prefetch", protect=mine))
+        if plan.moves:
+            pl.schedule(plan.moves, "plan")
+        st = pl.stats
+        st.tier_hits.update(e.tiers[0] for e in hit[:served])
+        if pl.retention:
+            for e in hit[:served]:
+                pl.retention.on_hit(e.key, now)
+        st.lookups += 1
+        st.lookup_hit_blocks += served
+        st.lookup_miss_blocks += len(hashes) - served
+        admit = plan.admit
+        store = 0
+        for i in range(served, len(keys)):
+            if hit_tiers[i] is None and keys[i] not in admit:
+                break
+            store += 1
+        return Lookup(media, store, keep_s)
+
+    async def extend(self, namespace: str, hashes: Sequence[bytes], found: Lookup) -> Lookup:
+        """``found`` continued from the shared tier where the local prefix ends before
+        ``hashes`` do (blocks other hosts stored); the store count loses what it found.
+        A repeated request's statistics are not counted again."""
+        shared = self.placement.shared
+        if shared is None or len(found.media) >= len(hashes):
+            return found
+        more = await shared.extend(namespace, hashes, len(found.media), count=not found.repeat)
+        if not more:
+            return found
+        return replace(found, media=found.media + more, store=max(0, found.store - len(more)))
