@@ -24,6 +24,7 @@ import xxhash
 
 from kvstore.engine.blocks import NewBlock, block_info, check_blocks, new_meta
 from kvstore.engine.durability import RecoveryPoint
+from kvstore.engine.eviction import EvictionManager
 from kvstore.engine.geometry import Geometry
 from kvstore.engine.index import Entry, reachable
 from kvstore.engine.mover import Transfer
@@ -71,7 +72,7 @@ class Engine(WriteBack):
     def __init__(
         self,
         tiers: Sequence[Tier],
-        policy: Policy,
+        policy: Policy | EvictionManager,
         events: EventSink | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
