@@ -266,6 +266,11 @@ class Wrapper(Policy):
         super().__init__(inner.tiers)
         self.inner = inner
 
+    @classmethod
+    def from_config(cls, config: PolicyConfig, **options: Any) -> Self:
+        raise TypeError(f"{cls.__name__} wraps a policy: its from_config must build the "
+                        "inner one (see kvstore.policies.filter)")
+
     def on_insert(self, info: BlockInfo, tier: str, now: float) -> None:
         self.inner.on_insert(info, tier, now)
 
