@@ -12,7 +12,9 @@ the tier applies those steps first. So reading victims changes nothing the
 policy holds, a reader may stop anywhere, and the queues end exactly where an
 eager hand would have left them. A block that leaves the small queue is
 remembered in the ghost list (in :meth:`~S3FIFOPolicy.on_remove`, the one place a
-block leaves). Children-first and protection are the engine's
+block leaves), unless the last walk had to leave it alone: a retained or pinned
+block the engine takes when the policy's order freed too little is the engine's
+choice, not a probation eviction. Children-first and protection are the engine's
 (:mod:`kvstore.engine.eviction`); protected blocks are passed over unaged.
 """
 
@@ -31,7 +33,7 @@ _SMALL, _MAIN, _PROMOTE, _AGE = range(4)
 
 class _Queues:
     __slots__ = ("capacity", "freq", "ghost", "ghost_limit", "main", "small", "small_bytes",
-                 "steps")
+                 "spared", "steps")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -43,6 +45,8 @@ class _Queues:
         self.small_bytes = 0
         #: the hand's steps not applied yet (the last walk, as far as it was read)
         self.steps: list[tuple[int, Hashable]] = []
+        #: what the last walk had to leave alone (its ``protected``)
+        self.spared: Container[Hashable] = ()
 
 
 class _Ring:
@@ -121,7 +125,8 @@ class S3FIFOPolicy(Policy):
         size = q.small.pop(key, None)
         if size is not None:
             q.small_bytes -= size
-            q.ghost[key] = None  # evicted from probation: remembered
+            if key not in q.spared:
+                q.ghost[key] = None  # evicted from probation: remembered
         else:
             q.main.pop(key, None)
         while len(q.ghost) > q.ghost_limit:
@@ -134,6 +139,7 @@ class S3FIFOPolicy(Policy):
         q = self._queues(tier)
         steps: list[tuple[int, Hashable]] = []
         q.steps = steps
+        q.spared = protected
         return self._walk(q, steps, protected)
 
     def _walk(self, q: _Queues, steps: list[tuple[int, Hashable]],
