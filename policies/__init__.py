@@ -1,19 +1,35 @@
 """Pure keep / offload / drop policies (installed as ``kvstore.policies``).
 
-Registry: a name maps to a lazy import; unknown names are refused with the list
-of valid ones.
+Registry: a name maps to a lazy import of its class; unknown names are refused
+with the list of valid ones. :func:`create` hands the class a
+:class:`~kvstore.policies.base.PolicyConfig` (the tiers, the cost model, the HBM
+keep limit) and the caller's keyword options; the class's ``from_config`` says
+which of those it takes. Nothing is read from constructor signatures.
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from kvstore.policies.base import BlockInfo, Hint, Move, Plan, Policy, RequestInfo, TierSpec
+from kvstore.policies.base import (
+    BlockInfo,
+    Hint,
+    Move,
+    Plan,
+    Policy,
+    PolicyConfig,
+    RequestInfo,
+    TierSpec,
+    Wrapper,
+)
 
-__all__ = ["BlockInfo", "Hint", "Move", "Plan", "Policy", "RequestInfo", "TierSpec", "available",
-           "create", "register"]
+if TYPE_CHECKING:
+    from kvstore.policies.cost import CostModel
+
+__all__ = ["BlockInfo", "Hint", "Move", "Plan", "Policy", "PolicyConfig", "RequestInfo",
+           "TierSpec", "Wrapper", "available", "create", "register"]
 
 _REGISTRY: dict[str, str] = {
     "lru": "kvstore.policies.lru:LRUPolicy",
@@ -36,10 +52,11 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def create(name: str, tiers: Sequence[TierSpec], cost: object = None,
-           hbm_keep_max_s: float | None = None, **options: object) -> Policy:
-    """A policy by registry name; ``cost`` (a CostModel) and ``hbm_keep_max_s`` (the
-    longest HBM keep it may decide) go to policies that take them."""
+def create(name: str, tiers: Sequence[TierSpec], cost: CostModel | None = None,
+           hbm_keep_max_s: float | None = None, **options: Any) -> Policy:
+    """A policy by registry name, built by its class's ``from_config`` from the tiers,
+    ``cost`` (the engine's cost model) and ``hbm_keep_max_s`` (the longest HBM keep it
+    may decide), with ``options`` as its own keyword settings."""
     try:
         target = _REGISTRY[name]
     except KeyError:
@@ -47,10 +64,8 @@ def create(name: str, tiers: Sequence[TierSpec], cost: object = None,
             f"unknown policy {name!r}; valid: {', '.join(available())}"
         ) from None
     module_name, _, cls_name = target.partition(":")
-    cls = getattr(importlib.import_module(module_name), cls_name)
-    if cost is not None and "cost" in inspect.signature(cls).parameters:
-        options["cost"] = cost
-    if hbm_keep_max_s is not None and "hbm_keep_max_s" in inspect.signature(cls).parameters:
-        options["hbm_keep_max_s"] = hbm_keep_max_s
-    policy: Policy = cls(tiers, **options)
-    return policy
+    found = getattr(importlib.import_module(module_name), cls_name)
+    if not (isinstance(found, type) and issubclass(found, Policy)):
+        raise TypeError(f"policy {name!r} ({target}) is not a Policy subclass")
+    cls: type[Policy] = found
+    return cls.from_config(PolicyConfig(tuple(tiers), cost, hbm_keep_max_s), **options)

@@ -4,8 +4,9 @@ A block belongs to the session that used it last, or, once more than one
 session has used it (a system prompt, a RAG document, a tool schema), to a
 *pool* of shared blocks. Victims are taken group by group, least valuable
 first: a session's blocks tail first (its chain positions, highest first), a
-pool's least recently used first; the children-first rule of
-:mod:`kvstore.policies._prefix` still holds across groups.
+pool's least recently used first; the engine's eviction manager
+(:mod:`kvstore.engine.eviction`) still takes children before parents across
+groups.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from operator import itemgetter
-
-from kvstore.policies._prefix import ChildIndex
 
 __all__ = ["Pool", "TierOwners"]
 
@@ -30,12 +29,11 @@ _VALUE = itemgetter(0)
 
 
 class TierOwners:
-    __slots__ = ("_blocks", "capacity", "index", "owner", "pos", "sizes", "used")
+    __slots__ = ("_blocks", "capacity", "owner", "pos", "sizes", "used")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.used = 0
-        self.index = ChildIndex()
         #: key -> its session (or Pool)
         self.owner: dict[Hashable, Hashable] = {}
         self.pos: dict[Hashable, int] = {}
@@ -46,14 +44,12 @@ class TierOwners:
         return key in self.sizes
 
     # -- blocks -------------------------------------------------------------------------
-    def add(self, key: Hashable, parent: Hashable | None, size: int, session: Hashable,
-            pos: int) -> None:
+    def add(self, key: Hashable, size: int, session: Hashable, pos: int) -> None:
         if key in self.sizes:
             return
         self.sizes[key] = size
         self.used += size
         self.pos[key] = pos
-        self.index.add(key, parent, size)
         self._own(key, session)
 
     def remove(self, key: Hashable) -> None:
@@ -62,7 +58,6 @@ class TierOwners:
             return
         self.used -= size
         self.pos.pop(key, None)
-        self.index.remove(key)
         self._disown(key)
 
     def claim(self, key: Hashable, session: Hashable, pos: int) -> None:
@@ -105,12 +100,10 @@ class TierOwners:
         the order the sessions came to own blocks here: sessions need not be ordered)."""
         return sorted(((value(s), s) for s in self._blocks if s != skip), key=_VALUE)
 
-    def victims(self, value: Callable[[Hashable], float]) -> Iterator[tuple[Hashable, int]]:
-        """(key, size) candidates: sessions worst first, each one's tail first."""
-        pos, sizes = self.pos, self.sizes
+    def victims(self, value: Callable[[Hashable], float]) -> Iterator[Hashable]:
+        """Keys, sessions worst first, each one's tail first."""
+        pos = self.pos
         for _v, s in self.worst_first(value):
             blocks = self._blocks.get(s, ())
-            keys = (list(blocks) if isinstance(s, Pool)
-                    else sorted(blocks, key=pos.__getitem__, reverse=True))
-            for k in keys:
-                yield k, sizes[k]
+            yield from (list(blocks) if isinstance(s, Pool)
+                        else sorted(blocks, key=pos.__getitem__, reverse=True))

@@ -5,22 +5,34 @@ workload, hints, tier capacities, time as an argument). It owns no bytes, does
 no I/O, reads no clock and has no globals, so the same object runs inside the
 server and in the trace replay, which drives the same engine.
 
-What a policy implements (tiers are ordered fastest first; keys are hashable,
-``BlockKey`` in the engine):
+Writing a policy: subclass :class:`Policy`, set ``name``, implement the four
+methods of part 1 (the eviction order); part 2 (placement) is optional. Register
+it in :mod:`kvstore.policies` (``"name": "module:Class"``); the engine builds it
+with :meth:`Policy.from_config`. Tiers are ordered fastest first; keys are
+hashable (``BlockKey`` in the engine). LRU (:mod:`kvstore.policies.lru`) is the
+whole contract in forty lines.
 
-Required, the eviction order of each tier:
+Part 1, required: the order in which a tier's blocks go.
 
 * ``on_insert(info, tier, now)``: the block is now stored in ``tier``.
 * ``on_access(key, tier, now)``: a hit on the block in ``tier``.
-* ``on_remove(key, tier)``: the block left ``tier`` (evicted, moved, deleted).
-* ``evict(tier, nbytes, protected, now)``: victims in ``tier`` freeing at least
-  ``nbytes``, or ``None`` if that is impossible without a ``protected`` key
-  (pinned, in flight, or a block of the request being stored). Atomic: enough
-  victims or none. Victims are listed children before parents
-  (:mod:`kvstore.policies._prefix` does that) and must not change the policy's
-  view of what is stored (the engine calls ``on_remove`` for each).
+* ``on_remove(key, tier)``: the block left ``tier`` (evicted, demoted, deleted,
+  dropped by a hint). The only call that takes a block out of your view.
+* ``victims(tier, protected, now)``: the blocks of ``tier``, worst first, as a
+  lazy iterable. The engine's eviction manager
+  (:mod:`kvstore.engine.eviction`) reads it only until it has freed enough, and
+  enforces the rules itself, for every policy: it skips ``protected`` keys
+  (pinned, being copied, the request's own blocks, retained ones) and any key
+  not stored in the tier, takes a block's cached children before it (a prefix
+  is lost from its first missing block, so a chain shrinks from its tail
+  whatever order you give), is atomic (enough victims, or none) and calls
+  ``on_remove`` for each block it evicts. So ``victims`` must not change what
+  you hold or the order you yield while it is read: a reader may stop anywhere
+  or take nothing. You need not filter ``protected``; it is passed so that an
+  order which ages the blocks it passes over (S3-FIFO's CLOCK hand) can leave
+  those alone.
 
-Optional, with defaults that make an LRU-like cache:
+Part 2, optional, with defaults that make an LRU-like cache:
 
 * ``on_request(req, now) -> Plan``: once per request, when the engine looks it up
   (a repeated lookup of the same request is not passed again). ``req`` has every
@@ -40,6 +52,10 @@ Optional, with defaults that make an LRU-like cache:
   are never a policy's victims while within their tenant's retention quota, and go
   last); a policy may use the deadline to rank the rest. Default: nothing.
 
+A decorator that changes one decision (an admission filter) subclasses
+:class:`Wrapper` and overrides only that method; the rest reaches the wrapped
+policy unchanged.
+
 Call order within one request: ``on_request``, then ``on_access`` for each hit
 and ``on_insert`` for each block stored, from the last block to the first
 (vLLM's free order: a parent is never older than its child). Hints come between
@@ -54,11 +70,15 @@ whose fastest tier loses, and a policy should not place blocks there.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Container, Hashable, Mapping, Sequence
+from collections.abc import Container, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
-__all__ = ["BlockInfo", "Hint", "Move", "Plan", "Policy", "RequestInfo", "TierSpec"]
+if TYPE_CHECKING:
+    from kvstore.policies.cost import CostModel
+
+__all__ = ["BlockInfo", "Hint", "Move", "Plan", "Policy", "PolicyConfig", "RequestInfo",
+           "TierSpec", "Wrapper"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +193,18 @@ class Hint:
     expected_gap_s: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """What the engine gives every policy it builds (:meth:`Policy.from_config`); a
+    policy takes the fields it uses, by name, and ignores the rest."""
+
+    tiers: Sequence[TierSpec]
+    #: The engine's cost model (None: the policy's own default).
+    cost: CostModel | None = None
+    #: The longest HBM keep a policy may decide (None: the policy's own default).
+    hbm_keep_max_s: float | None = None
+
+
 class Policy(ABC):
     """Base class: subclasses implement the eviction order; placement has defaults."""
 
@@ -187,7 +219,28 @@ class Policy(ABC):
         self.tiers: tuple[TierSpec, ...] = tuple(tiers)
         self._order = {t.name: i for i, t in enumerate(self.tiers)}
 
-    # -- placement (defaults: enter the fastest tier, demote one level) --------
+    @classmethod
+    def from_config(cls, config: PolicyConfig, **options: Any) -> Self:
+        """The policy for ``config``; ``options`` are its own keyword settings. The
+        default takes only the tiers: a policy that uses the cost model or the HBM
+        keep limit overrides this and names them."""
+        return cls(config.tiers, **options)
+
+    # -- part 1: the eviction order of each tier -------------------------------
+    @abstractmethod
+    def on_insert(self, info: BlockInfo, tier: str, now: float) -> None: ...
+
+    @abstractmethod
+    def on_access(self, key: Hashable, tier: str, now: float) -> None: ...
+
+    @abstractmethod
+    def on_remove(self, key: Hashable, tier: str) -> None: ...
+
+    @abstractmethod
+    def victims(self, tier: str, protected: Container[Hashable], now: float
+                ) -> Iterable[Hashable]: ...
+
+    # -- part 2: placement (defaults: enter the fastest tier, demote one level) --
     def on_request(self, req: RequestInfo, now: float) -> Plan:
         top = self.tiers[0].name
         return Plan({k: top for k, t in zip(req.keys, req.hit_tiers, strict=True) if t is None})
@@ -204,17 +257,41 @@ class Policy(ABC):
         """A client says ``keys`` are used again before ``until``."""
         return None
 
-    # -- per-tier bookkeeping and eviction order -------------------------------
-    @abstractmethod
-    def on_insert(self, info: BlockInfo, tier: str, now: float) -> None: ...
 
-    @abstractmethod
-    def on_access(self, key: Hashable, tier: str, now: float) -> None: ...
+class Wrapper(Policy):
+    """A policy around ``inner``: every call reaches it unchanged, so a decorator
+    (an admission filter, a test's checks) overrides only the decisions it changes."""
 
-    @abstractmethod
-    def on_remove(self, key: Hashable, tier: str) -> None: ...
+    def __init__(self, inner: Policy) -> None:
+        super().__init__(inner.tiers)
+        self.inner = inner
 
-    @abstractmethod
-    def evict(
-        self, tier: str, nbytes: int, protected: Container[Hashable], now: float
-    ) -> list[Hashable] | None: ...
+    @classmethod
+    def from_config(cls, config: PolicyConfig, **options: Any) -> Self:
+        raise TypeError(f"{cls.__name__} wraps a policy: its from_config must build the "
+                        "inner one (see kvstore.policies.filter)")
+
+    def on_insert(self, info: BlockInfo, tier: str, now: float) -> None:
+        self.inner.on_insert(info, tier, now)
+
+    def on_access(self, key: Hashable, tier: str, now: float) -> None:
+        self.inner.on_access(key, tier, now)
+
+    def on_remove(self, key: Hashable, tier: str) -> None:
+        self.inner.on_remove(key, tier)
+
+    def victims(self, tier: str, protected: Container[Hashable], now: float
+                ) -> Iterable[Hashable]:
+        return self.inner.victims(tier, protected, now)
+
+    def on_request(self, req: RequestInfo, now: float) -> Plan:
+        return self.inner.on_request(req, now)
+
+    def demote_to(self, key: Hashable, tier: str, now: float) -> str | None:
+        return self.inner.demote_to(key, tier, now)
+
+    def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:
+        return self.inner.on_hint(hint, keys, now)
+
+    def on_retain(self, keys: Sequence[Hashable], until: float, now: float) -> None:
+        self.inner.on_retain(keys, until, now)

@@ -1,37 +1,43 @@
 """A reuse-count admission filter that wraps any policy.
 
 vLLM's ``store_threshold`` and Dynamo's "frequency >= 2": a block is only
-admitted once its key has been looked up ``threshold`` times. Everything else
-is forwarded to the wrapped policy unchanged. Counts are kept for at most
-``max_tracked`` keys (oldest forgotten first), so memory stays bounded.
+admitted once its key has been looked up ``threshold`` times. The filter changes
+one decision, the admission plan, so that is the one method it has
+(:class:`~kvstore.policies.base.Wrapper` passes everything else to the wrapped
+policy unchanged). Counts are kept for at most ``max_tracked`` keys (oldest
+forgotten first), so memory stays bounded.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container, Hashable, Sequence
+from collections.abc import Hashable
+from typing import Any, Self
 
-from kvstore.policies.base import BlockInfo, Hint, Move, Plan, Policy, RequestInfo, TierSpec
+from kvstore.policies.base import Plan, Policy, PolicyConfig, RequestInfo, Wrapper
 from kvstore.policies.lru import LRUPolicy
 from kvstore.policies.s3fifo import S3FIFOPolicy
 
 
-class AdmissionFilter(Policy):
+class AdmissionFilter(Wrapper):
     """Decorator: admit a block only after ``threshold`` lookups of its key."""
 
     name = "filter"
 
-    def __init__(self, tiers: Sequence[TierSpec], inner: Policy | None = None,
-                 threshold: int = 2, max_tracked: int = 1 << 20) -> None:
-        super().__init__(tiers)
+    def __init__(self, inner: Policy, threshold: int = 2, max_tracked: int = 1 << 20) -> None:
+        super().__init__(inner)
         if threshold < 1:
             raise ValueError(f"threshold must be >= 1, got {threshold}")
         if max_tracked < 1:
             raise ValueError(f"max_tracked must be >= 1, got {max_tracked}")
-        self.inner: Policy = inner if inner is not None else LRUPolicy(tiers)
         self.threshold = threshold
         self._max_tracked = max_tracked
         self._seen: OrderedDict[Hashable, int] = OrderedDict()
+
+    @classmethod
+    def from_config(cls, config: PolicyConfig, **options: Any) -> Self:
+        """Around LRU (the subclasses name another inner policy)."""
+        return cls(LRUPolicy(config.tiers), **options)
 
     def count(self, key: Hashable) -> int:
         return self._seen.get(key, 0)
@@ -47,36 +53,14 @@ class AdmissionFilter(Policy):
         admit = {k: t for k, t in plan.admit.items() if seen.get(k, 0) >= self.threshold}
         return Plan(admit, plan.moves)
 
-    def demote_to(self, key: Hashable, tier: str, now: float) -> str | None:
-        return self.inner.demote_to(key, tier, now)
-
-    def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:
-        return self.inner.on_hint(hint, keys, now)
-
-    def on_insert(self, info: BlockInfo, tier: str, now: float) -> None:
-        self.inner.on_insert(info, tier, now)
-
-    def on_access(self, key: Hashable, tier: str, now: float) -> None:
-        self.inner.on_access(key, tier, now)
-
-    def on_remove(self, key: Hashable, tier: str) -> None:
-        self.inner.on_remove(key, tier)
-
-    def evict(
-        self, tier: str, nbytes: int, protected: Container[Hashable], now: float
-    ) -> list[Hashable] | None:
-        return self.inner.evict(tier, nbytes, protected, now)
-
 
 class FilteredLRU(AdmissionFilter):
     name = "lru+filter"
-
-    def __init__(self, tiers: Sequence[TierSpec], threshold: int = 2) -> None:
-        super().__init__(tiers, LRUPolicy(tiers), threshold)
 
 
 class FilteredS3FIFO(AdmissionFilter):
     name = "s3fifo+filter"
 
-    def __init__(self, tiers: Sequence[TierSpec], threshold: int = 2) -> None:
-        super().__init__(tiers, S3FIFOPolicy(tiers), threshold)
+    @classmethod
+    def from_config(cls, config: PolicyConfig, **options: Any) -> Self:
+        return cls(S3FIFOPolicy(config.tiers), **options)

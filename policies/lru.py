@@ -1,16 +1,17 @@
 """LRU, vLLM's default: evict the least recently used block of the tier.
 
-Victims still go children first (:mod:`kvstore.policies._prefix`): with the
-engine's tail-first touch order a child is always older than its parent, so
-this only matters when blocks arrive out of that order (demotions, hints).
+The whole eviction contract (see :mod:`kvstore.policies.base`): one ordered
+dict per tier, oldest first. Children-first, protection and atomicity are the
+engine's eviction manager's (:mod:`kvstore.engine.eviction`), as for every
+policy; placement keeps the defaults (admit into the fastest tier, demote one
+level).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container, Hashable, Sequence
+from collections.abc import Container, Hashable, Iterable, Sequence
 
-from kvstore.policies._prefix import ChildIndex
 from kvstore.policies.base import BlockInfo, Policy, TierSpec
 
 
@@ -19,13 +20,11 @@ class LRUPolicy(Policy):
 
     def __init__(self, tiers: Sequence[TierSpec]) -> None:
         super().__init__(tiers)
-        self._lru: dict[str, OrderedDict[Hashable, int]] = {t.name: OrderedDict() for t in tiers}
-        self._index = {t.name: ChildIndex() for t in tiers}
+        self._lru: dict[str, OrderedDict[Hashable, None]] = {t.name: OrderedDict() for t in tiers}
 
     def on_insert(self, info: BlockInfo, tier: str, now: float) -> None:
-        self._lru[tier][info.key] = info.size
+        self._lru[tier][info.key] = None
         self._lru[tier].move_to_end(info.key)
-        self._index[tier].add(info.key, info.parent, info.size)
 
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         lru = self._lru[tier]
@@ -34,9 +33,7 @@ class LRUPolicy(Policy):
 
     def on_remove(self, key: Hashable, tier: str) -> None:
         self._lru[tier].pop(key, None)
-        self._index[tier].remove(key)
 
-    def evict(
-        self, tier: str, nbytes: int, protected: Container[Hashable], now: float
-    ) -> list[Hashable] | None:
-        return self._index[tier].take(self._lru[tier].items(), nbytes, protected)
+    def victims(self, tier: str, protected: Container[Hashable], now: float
+                ) -> Iterable[Hashable]:
+        return iter(self._lru[tier])

@@ -12,7 +12,9 @@ LRU, except:
 * at ``session_end`` its blocks are dropped.
 
 No learning: the hold is the same for every tool and workload. It is what
-``workload`` must beat with what it learns.
+``workload`` must beat with what it learns. A hold past its deadline counts as
+none at once (:meth:`TTLPolicy.victims` reads it so); it is cleared from the
+books at the next request, store or hint.
 """
 
 from __future__ import annotations
@@ -21,19 +23,17 @@ import heapq
 from collections import OrderedDict
 from collections.abc import Container, Hashable, Iterator, Sequence
 
-from kvstore.policies._prefix import ChildIndex
 from kvstore.policies.base import BlockInfo, Hint, Move, Plan, Policy, RequestInfo, TierSpec
 
 __all__ = ["TTLPolicy"]
 
 
 class _Tier:
-    __slots__ = ("capacity", "held", "heap", "held_bytes", "index", "lru", "used")
+    __slots__ = ("capacity", "held", "heap", "held_bytes", "lru", "used")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.lru: OrderedDict[Hashable, int] = OrderedDict()
-        self.index = ChildIndex()
         self.used = 0
         self.held: dict[Hashable, float] = {}  # key -> held until
         self.heap: list[tuple[float, int, Hashable]] = []
@@ -84,6 +84,7 @@ class TTLPolicy(Policy):
             return [Move(k, t, None) for k, t in keys]
         for k, t in keys:
             tr = self._t[t]
+            tr.expire(now)
             if k not in tr.lru:
                 continue
             if hint.event == "tool_call":
@@ -101,11 +102,11 @@ class TTLPolicy(Policy):
     # -- bookkeeping --------------------------------------------------------------------
     def on_insert(self, info: BlockInfo, tier: str, now: float) -> None:
         tr = self._t[tier]
+        tr.expire(now)
         if info.key in tr.lru:
             return
         tr.lru[info.key] = info.size
         tr.used += info.size
-        tr.index.add(info.key, info.parent, info.size)
 
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         tr = self._t[tier]
@@ -118,21 +119,15 @@ class TTLPolicy(Policy):
         size = tr.lru.pop(key, None)
         if size is not None:
             tr.used -= size
-            tr.index.remove(key)
 
-    def evict(
-        self, tier: str, nbytes: int, protected: Container[Hashable], now: float
-    ) -> list[Hashable] | None:
-        tr = self._t[tier]
-        tr.expire(now)
-        return tr.index.take(self._order_of(tr), nbytes, protected)
-
-    @staticmethod
-    def _order_of(tr: _Tier) -> Iterator[tuple[Hashable, int]]:
-        """Unheld blocks in LRU order, then held ones by expiry."""
-        held = tr.held
-        for k, size in tr.lru.items():
-            if k not in held:
-                yield k, size
-        for k in sorted(held, key=held.__getitem__):
-            yield k, tr.lru[k]
+    def victims(self, tier: str, protected: Container[Hashable], now: float
+                ) -> Iterator[Hashable]:
+        """Unheld blocks (a hold past its deadline is none) in LRU order, then held
+        ones by expiry."""
+        held = self._t[tier].held
+        for k in self._t[tier].lru:
+            until = held.get(k)
+            if until is None or until <= now:
+                yield k
+        yield from sorted((k for k, until in held.items() if until > now),
+                          key=held.__getitem__)

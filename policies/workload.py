@@ -40,11 +40,21 @@ call, a user turn, nothing).
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Container, Hashable, Sequence
+from collections.abc import Container, Hashable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, Self
 
 from kvstore.policies._owners import Pool, TierOwners
-from kvstore.policies.base import BlockInfo, Hint, Move, Plan, Policy, RequestInfo, TierSpec
+from kvstore.policies.base import (
+    BlockInfo,
+    Hint,
+    Move,
+    Plan,
+    Policy,
+    PolicyConfig,
+    RequestInfo,
+    TierSpec,
+)
 from kvstore.policies.cost import CostModel
 from kvstore.policies.returns import ReturnTimes
 
@@ -115,6 +125,15 @@ class WorkloadPolicy(Policy):
         self._uses: dict[Hashable, tuple[Hashable | None, float]] = {}
         self._old_uses: dict[Hashable, tuple[Hashable | None, float]] = {}
 
+    @classmethod
+    def from_config(cls, config: PolicyConfig, **options: Any) -> Self:
+        """Takes the engine's cost model and its HBM keep limit (when given)."""
+        if config.cost is not None:
+            options["cost"] = config.cost
+        if config.hbm_keep_max_s is not None:
+            options["hbm_keep_max_s"] = config.hbm_keep_max_s
+        return cls(config.tiers, **options)
+
     # -- sessions and their value -------------------------------------------------------
     def _session(self, name: Hashable, workload: str) -> _Session:
         s = self._sessions.get(name)
@@ -152,21 +171,24 @@ class WorkloadPolicy(Policy):
         return (s.workload, wait, tool, _turns(s.turns), s.last_gap)
 
     def _value(self, name: Hashable) -> float:
+        return self._value_at(name, self._now)
+
+    def _value_at(self, name: Hashable, now: float) -> float:
         if isinstance(name, Pool):
-            return self._pool_value(name)
+            return self._pool_value(name, now)
         s = self._sessions.get(name)
         if s is None:
             return 0.0
-        return self._value_of(s, self._now)
+        return self._value_of(s, now)
 
-    def _pool_value(self, pool: Pool) -> float:
+    def _pool_value(self, pool: Pool, now: float) -> float:
         """A pool is worth what its least recently used block is: shared blocks of the
         workload, idle that long, come back within the window that often."""
         for tr in self._t.values():
             key = tr.oldest(pool)
             if key is not None:
                 use = self._uses.get(key) or self._old_uses.get(key)
-                age = self._now - use[1] if use is not None else 1e9
+                age = now - use[1] if use is not None else 1e9
                 return self._score((pool.workload, "shared", "", 0, 0), age)
         return 0.0
 
@@ -349,7 +371,7 @@ class WorkloadPolicy(Policy):
                 pos = p
                 name = other.owner.get(info.key, name)
                 break
-        tr.add(info.key, info.parent, info.size, name, pos)
+        tr.add(info.key, info.size, name, pos)
 
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         self._now = now
@@ -357,11 +379,10 @@ class WorkloadPolicy(Policy):
     def on_remove(self, key: Hashable, tier: str) -> None:
         self._t[tier].remove(key)
 
-    def evict(self, tier: str, nbytes: int, protected: Container[Hashable], now: float
-              ) -> list[Hashable] | None:
-        self._now = now
-        tr = self._t[tier]
-        return tr.index.take(tr.victims(self._value), nbytes, protected)
+    def victims(self, tier: str, protected: Container[Hashable], now: float
+                ) -> Iterator[Hashable]:
+        """Least valuable session (valued at ``now``) first, its chain's tail first."""
+        return self._t[tier].victims(lambda owner: self._value_at(owner, now))
 
     def demote_to(self, key: Hashable, tier: str, now: float) -> str | None:
         """The next tier, if it beats recompute and would admit the block's session."""

@@ -31,6 +31,7 @@ from dataclasses import replace
 
 from kvstore.engine.blocks import NewBlock, block_info, check_blocks
 from kvstore.engine.durability import RecoveryPoint, WriteHealth
+from kvstore.engine.eviction import EvictionManager
 from kvstore.engine.geometry import Geometry
 from kvstore.engine.index import Index, reachable
 from kvstore.engine.leases import Leases
@@ -71,7 +72,7 @@ class Engine:
     def __init__(
         self,
         tiers: Sequence[Tier],
-        policy: Policy,
+        policy: Policy | EvictionManager,
         events: EventSink | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
@@ -126,7 +127,7 @@ class Engine:
         # The placement's parts others read, held here too (the same objects).
         self.tiers: dict[str, Tier] = pl.tiers
         self.order: list[str] = pl.order
-        self.policy: Policy = pl.policy
+        self.policy: EvictionManager = pl.policy
         self.events: EventSink = pl.events
         self.clock: Callable[[], float] = pl.clock
         self.index: Index = pl.index
@@ -291,6 +292,11 @@ class Engine:
         hashes = self.check_hashes(namespace, hashes)
         return self.lookups.find(namespace, hashes, session_id, workload, request_id,
                                  num_tokens, then, tool, expected_gap_s)
+
+    def use_mover(self, mover: Mover) -> None:
+        """Run transfers on ``mover`` (built on ``placement.run_transfer``) instead of the
+        engine's own: the replay's mover on its virtual clock. Before :meth:`start`."""
+        self.placement.mover = self.mover = mover
 
     async def serve_lookup(self, namespace: str, hashes: Sequence[bytes], session_id: str = "",
                            workload: str = "", *, request_id: Hashable = "",

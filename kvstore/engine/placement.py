@@ -30,6 +30,7 @@ import xxhash
 
 from kvstore.engine.blocks import block_info
 from kvstore.engine.durability import RecoveryPoint, WriteHealth
+from kvstore.engine.eviction import EvictionManager
 from kvstore.engine.index import Entry, Index
 from kvstore.engine.leases import Leases
 from kvstore.engine.mover import Mover, Transfer
@@ -77,8 +78,8 @@ class Protected(Container[Hashable]):
 class Placement:
     """Tiers, index, policy and the primitives that move bytes between them."""
 
-    def __init__(self, tiers: Sequence[Tier], policy: Policy, events: EventSink,
-                 clock: Callable[[], float], write_back: bool,
+    def __init__(self, tiers: Sequence[Tier], policy: Policy | EvictionManager,
+                 events: EventSink, clock: Callable[[], float], write_back: bool,
                  quotas: Sequence[Quota] = (),
                  retention: RetentionLimits | None = None) -> None:
         if not tiers:
@@ -86,7 +87,8 @@ class Placement:
         self.tiers: dict[str, Tier] = {t.name: t for t in tiers}
         self.order = [t.name for t in tiers]
         self._rank = {name: i for i, name in enumerate(self.order)}
-        self.policy = policy
+        #: The policy behind the eviction manager that enforces its victims' rules.
+        self.policy = EvictionManager.of(policy)
         self.events = events
         self.clock = clock
         self.write_back = write_back

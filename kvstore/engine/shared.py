@@ -17,9 +17,8 @@ that, attached as ``engine.shared`` and called from four places:
   other hosts find it at once (otherwise it only gets there when demoted).
 * **Sweep** (``Engine.sweep``): blocks whose TTL passed are forgotten
   (``BlockRemoved`` ``REMOTE``); their keys are left alone, since another
-  sidecar may have renewed them.
-* **TTL** (installed into the tier): a policy that implements
-  :class:`TtlAdvisor` sets each block's TTL; otherwise the configured default.
+  sidecar may have renewed them. Each block's TTL in the shared tier is the
+  tier's configured default.
 
 A probe that fails (Redis down, slow) finds nothing: the lookup answers with the
 local prefix alone, never an error.
@@ -28,30 +27,21 @@ local prefix alone, never an error.
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from kvstore.engine.mover import Transfer
 from kvstore.errors import ResourceExhausted
 from kvstore.tiers.base import SharedTier
-from kvstore.types import BlockMeta, Medium
+from kvstore.types import Medium
 
 if TYPE_CHECKING:
     from kvstore.engine.core import Engine
     from kvstore.engine.index import Entry
 
-__all__ = ["SharedPrefix", "TtlAdvisor"]
+__all__ = ["SharedPrefix"]
 
 log = logging.getLogger(__name__)
-
-
-@runtime_checkable
-class TtlAdvisor(Protocol):
-    """Optional policy capability: how long a block should live in the shared tier."""
-
-    def shared_ttl(self, key: Hashable, now: float) -> float | None:
-        """Seconds (``<= 0``: no expiry), or ``None`` for the configured default."""
-        ...
 
 
 class SharedPrefix:
@@ -69,8 +59,6 @@ class SharedPrefix:
         self.medium: Medium = tier.medium
         self.write_through = write_through
         self._rank = engine.order.index(tier_name)
-        if isinstance(engine.policy, TtlAdvisor) and hasattr(inner, "ttl_for"):
-            inner.ttl_for = self._policy_ttl
 
     def worth_loading(self, namespace: str) -> bool:
         """Whether reading a block of ``namespace`` from the shared tier beats recomputing
@@ -133,9 +121,3 @@ class SharedPrefix:
             eng.placement.forget(key, self.name)  # its key is left: others may renew it
             n += 1
         return n
-
-    def _policy_ttl(self, meta: BlockMeta) -> float | None:
-        policy = self.engine.policy
-        if isinstance(policy, TtlAdvisor):
-            return policy.shared_ttl(meta.key, self.engine.clock())
-        return None

@@ -124,9 +124,9 @@ class EngineStore:
     async def lookup(self, req: Request, hashes: list[bytes], request_id: str
                      ) -> tuple[list[Medium], int]:
         self.clock.t = req.timestamp_ms / 1000.0
-        found = self.engine.lookup_request(NAMESPACE, hashes, req.session_id or "",
-                                           req.workload or "", request_id=request_id,
-                                           num_tokens=req.input_length)
+        found = await self.engine.serve_lookup(NAMESPACE, hashes, req.session_id or "",
+                                               req.workload or "", request_id=request_id,
+                                               num_tokens=req.input_length)
         return found.media, found.store
 
     async def put(self, req: Request, hashes: list[bytes], start: int, stop: int,

@@ -202,8 +202,8 @@ def build_sidecar(policy: str, budgets: Sequence[TierBudget], cost: CostModel,
         clock.t = t
 
     bw: Callable[[str], float] = read_bytes_per_s if timed else (lambda _t: math.inf)
-    mover = TimedMover(engine.run_transfer, clock, set_clock, cost.block_bytes, bw)
-    engine.mover = mover
+    mover = TimedMover(engine.placement.run_transfer, clock, set_clock, cost.block_bytes, bw)
+    engine.use_mover(mover)
     return engine, mover
 
 
@@ -257,14 +257,14 @@ class ServedReplay:
         self.ttft_after_tool: list[float] = []
         self._payload = b"\0"
 
-    # -- the one store call (the lead switches it to Reserve/Commit here) ---------------
+    # -- the one store call: the connector's Reserve/Commit semantics (no spill) ---------
     async def _save(self, run: _Run, blocks: list[NewBlock]) -> None:
         if not blocks:
             return
         req = run.req
         with contextlib.suppress(TierFull):  # no room at all: a skipped save, as vLLM's
             await self.engine.put(NAMESPACE, blocks, req.session_id or "", req.workload or "",
-                                  request_id=run.rid)
+                                  request_id=run.rid, spill=False)
 
     def _then(self, req: Request) -> tuple[str, str]:
         """(hint event, tool) of what the client knows its turn ends with."""
@@ -285,9 +285,10 @@ class ServedReplay:
         e = self.cache.match(ids[:full])
         run.hashes = [i.to_bytes(8, "big") for i in ids]
         then, tool = self._then(req) if self.config.send_then else ("", "")
-        found = self.engine.lookup_request(NAMESPACE, run.hashes, req.session_id or "",
-                                           req.workload or "", request_id=run.rid,
-                                           num_tokens=req.input_length, then=then, tool=tool)
+        found = await self.engine.serve_lookup(NAMESPACE, run.hashes, req.session_id or "",
+                                               req.workload or "", request_id=run.rid,
+                                               num_tokens=req.input_length, then=then,
+                                               tool=tool)
         await self.mover.run_until(now)
         media = found.media
         s = len(media)

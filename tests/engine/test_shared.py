@@ -1,11 +1,11 @@
 """The engine's side of the shared tier (kvstore.engine.shared) over a real Redis: lookups
-extended by a probe, the cost gate, write-through, TTL expiry forgetting, a policy's TTLs,
-and a Redis that is down never turning into an error."""
+extended by a probe, the cost gate, write-through, TTL expiry forgetting, and a Redis that
+is down never turning into an error."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +16,7 @@ from kvstore.policies.lru import LRUPolicy
 
 from kvstore.config import RedisConfig
 from kvstore.engine.core import Engine
-from kvstore.engine.shared import SharedPrefix, TtlAdvisor
+from kvstore.engine.shared import SharedPrefix
 from kvstore.events import RecordingSink
 from kvstore.tiers.memory import MemoryTier
 from kvstore.tiers.redis import RedisTier
@@ -26,13 +26,6 @@ from tests.redis_servers import RedisServer, delete_prefix
 from .test_engine import Clock, new_blocks
 
 KiB = 1024
-
-
-class TtlLRU(LRUPolicy):
-    """LRU that also says how long a block lives in the shared tier."""
-
-    def shared_ttl(self, key: Hashable, now: float) -> float | None:
-        return 7.0
 
 
 def sidecar(cfg: RedisConfig, clock: Clock, policy_cls: type[LRUPolicy] = LRUPolicy,
@@ -146,22 +139,6 @@ async def test_expired_blocks_are_forgotten_with_a_removed_event(cfg: RedisConfi
     await eng.close()
 
 
-async def test_a_policy_sets_the_ttl_of_each_block(cfg: RedisConfig) -> None:
-    import redis as redis_py
-
-    clock = Clock()
-    eng, _, tier = sidecar(cfg, clock, policy_cls=TtlLRU)
-    assert isinstance(eng.policy, TtlAdvisor)
-    await eng.start()
-    blocks = new_blocks(1, 4 * KiB, seed=4)
-    await eng.put("ns", blocks)
-    await eng.mover.drain()
-    key = next(iter(eng.index.entries())).key
-    with redis_py.Redis.from_url(cfg.url) as r:
-        assert 0 < r.pttl(tier._keys.header(key)) <= 7000
-    await eng.close()
-
-
 async def test_redis_down_is_never_an_error(tmp_path: Path) -> None:
     server = RedisServer(tmp_path / "r").start()
     clock = Clock()
@@ -180,7 +157,7 @@ async def test_redis_down_is_never_an_error(tmp_path: Path) -> None:
         assert eng.lookup("ns", hashes) == [Medium.CPU] * 4
         assert await eng.shared.extend("ns", hashes + [b"\x01" * 32], 4) == []  # type: ignore[union-attr]
         # A block the policy places in Redis alone is skipped, not an error.
-        eng.policy.on_request = lambda req, now: Plan(  # type: ignore[method-assign]
+        eng.policy.inner.on_request = lambda req, now: Plan(  # type: ignore[method-assign]
             dict.fromkeys(req.keys, "redis"))
         more = new_blocks(2, 4 * KiB, seed=6)
         assert await eng.put("ns", more) == (0, 0)

@@ -6,6 +6,8 @@ from kvstore.policies.cost import CostModel
 from kvstore.policies.filter import AdmissionFilter, FilteredLRU
 from kvstore.policies.lru import LRUPolicy
 
+from kvstore.engine.eviction import EvictionManager
+
 
 def test_slow_tier_hit_that_loses_to_recompute_is_not_worth_it() -> None:
     # SGLang's measurement: an 8k-token file-tier hit took 2.45 s, recompute 1.73 s.
@@ -26,7 +28,7 @@ def test_cost_model_validates() -> None:
 
 def test_filter_admits_after_threshold_lookups() -> None:
     tiers = [TierSpec("hbm", 1000)]
-    pol = FilteredLRU(tiers, threshold=2)
+    pol = FilteredLRU(LRUPolicy(tiers), threshold=2)
     req = RequestInfo(["k"], [None], "s", "chat", 10, 16, 16)
     assert pol.on_request(req, 0.0).admit == {}
     assert pol.on_request(req, 1.0).admit == {"k": "hbm"}
@@ -35,10 +37,12 @@ def test_filter_admits_after_threshold_lookups() -> None:
 def test_filter_wraps_any_policy_and_bounds_memory() -> None:
     tiers = [TierSpec("hbm", 1000)]
     inner = LRUPolicy(tiers)
-    pol = AdmissionFilter(tiers, inner, threshold=1, max_tracked=3)
+    pol = AdmissionFilter(inner, threshold=1, max_tracked=3)
     pol.on_request(RequestInfo(["a", "b", "c", "d"], [None] * 4, "s", "chat", 10, 16, 16), 0.0)
     assert pol.count("a") == 0 and pol.count("d") == 1
-    pol.on_insert(BlockInfo("d", 10), "hbm", 0.0)
-    assert pol.evict("hbm", 10, set(), 1.0) == ["d"]
+    managed = EvictionManager(pol)
+    managed.on_insert(BlockInfo("d", 10), "hbm", 0.0)
+    assert list(inner.victims("hbm", set(), 1.0)) == ["d"], "the store reached the inner policy"
+    assert managed.evict("hbm", 10, set(), 1.0) == ["d"]
     with pytest.raises(ValueError, match="threshold"):
-        AdmissionFilter(tiers, inner, threshold=0)
+        AdmissionFilter(inner, threshold=0)

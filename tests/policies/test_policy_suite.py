@@ -2,25 +2,29 @@
 
 The server's own engine (in-memory tiers, a virtual clock, the mover run
 between requests) drives each policy over generated traffic (shared prefixes,
-branches, hints, read leases pinning blocks) across three tiers, through a
-decorator that checks every eviction: victims free enough bytes or none are
-chosen (atomic), no protected block is chosen, every victim is in the tier, and
-no block is evicted while a block that extends it stays cached in the same tier.
-Capacity is checked after every request.
+branches, hints, read leases pinning blocks) across three tiers, through its
+eviction manager, checked on every eviction: victims free enough bytes or none
+are chosen (atomic), no protected block is chosen, every victim is in the tier,
+and no block is evicted while a block that extends it stays cached in the same
+tier. Capacity is checked after every request. The same holds when each policy's
+order is turned hostile (protected keys first, parents before children): the
+rules are the manager's, not the policy's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
-from collections.abc import Container, Hashable, Sequence
+from collections.abc import Container, Hashable
 
 import pytest
-from kvstore.policies.base import BlockInfo, Hint, Move, Plan, Policy, RequestInfo, TierSpec
+from kvstore.policies.base import BlockInfo, Hint, Plan, Policy, RequestInfo, TierSpec, Wrapper
 
 from kvstore import policies
 from kvstore.engine.blocks import NewBlock
 from kvstore.engine.core import Engine
+from kvstore.engine.eviction import EvictionManager
 from kvstore.tiers.memory import MemoryTier
 from kvstore.types import BlockKey, Medium
 
@@ -30,16 +34,10 @@ TIERS = [TierSpec("hbm", 20 * BLOCK, 1e13), TierSpec("dram", 30 * BLOCK, 25e9),
 MEDIA = {"hbm": Medium.GPU, "dram": Medium.CPU, "disk": Medium.DISK}
 
 
-class Checked(Policy):
-    """Forwards to ``inner``; asserts the contract on every eviction."""
+class Checked(Wrapper):
+    """Asserts the placement half of the contract on the way through."""
 
     name = "checked"
-
-    def __init__(self, inner: Policy, engine_ref: list[Engine]) -> None:
-        super().__init__(inner.tiers)
-        self.inner = inner
-        self.ref = engine_ref
-        self.evictions = 0
 
     def on_request(self, req: RequestInfo, now: float) -> Plan:
         plan = self.inner.on_request(req, now)
@@ -52,21 +50,56 @@ class Checked(Policy):
         assert dst is None or self._order[dst] > self._order[tier], "demotion goes down"
         return dst
 
-    def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:
-        return self.inner.on_hint(hint, keys, now)
+
+class Hostile(Wrapper):
+    """The inner policy's order turned against the rules: the protected keys first, then
+    every block after its cached ancestors (parents before children). The manager must
+    still take children first and no protected key."""
+
+    name = "hostile"
+
+    def __init__(self, inner: Policy) -> None:
+        super().__init__(inner)
+        self.parent: dict[str, dict[Hashable, Hashable | None]] = {t.name: {} for t in self.tiers}
 
     def on_insert(self, info: BlockInfo, tier: str, now: float) -> None:
+        self.parent[tier][info.key] = info.parent
         self.inner.on_insert(info, tier, now)
 
-    def on_access(self, key: Hashable, tier: str, now: float) -> None:
-        self.inner.on_access(key, tier, now)
-
     def on_remove(self, key: Hashable, tier: str) -> None:
+        self.parent[tier].pop(key, None)
         self.inner.on_remove(key, tier)
+
+    def victims(self, tier: str, protected: Container[Hashable], now: float
+                ) -> list[Hashable]:
+        parents = self.parent[tier]
+        # (S3-FIFO's walk may offer a block more than once: twice the blocks is plenty)
+        order = list(itertools.islice(self.inner.victims(tier, protected, now),
+                                      2 * len(parents)))
+        out = [k for k in parents if k in protected]  # whether the inner offers them or not
+        seen = set(out)
+        for key in order:
+            line: list[Hashable] = []
+            node: Hashable | None = key
+            while node is not None and node in parents and node not in seen:
+                seen.add(node)
+                line.append(node)
+                node = parents[node]
+            out.extend(reversed(line))  # the oldest ancestor first
+        return out
+
+
+class CheckedEviction(EvictionManager):
+    """The engine's eviction manager, asserting the contract on every eviction."""
+
+    def __init__(self, inner: Policy, engine_ref: list[Engine]) -> None:
+        super().__init__(inner)
+        self.ref = engine_ref
+        self.evictions = 0
 
     def evict(self, tier: str, nbytes: int, protected: Container[Hashable], now: float
               ) -> list[Hashable] | None:
-        victims = self.inner.evict(tier, nbytes, protected, now)
+        victims = super().evict(tier, nbytes, protected, now)
         if victims is None:
             return None
         eng = self.ref[0]
@@ -87,12 +120,14 @@ class Checked(Policy):
         return victims
 
 
-def make_engine(name: str) -> tuple[Engine, Checked]:
+def make_engine(name: str, hostile: bool = False) -> tuple[Engine, CheckedEviction]:
     ref: list[Engine] = []
-    pol = Checked(policies.create(name, TIERS), ref)
+    policy: Policy = Checked(policies.create(name, TIERS))
+    pol = CheckedEviction(Hostile(policy) if hostile else policy, ref)
     tiers = [MemoryTier(t.capacity_bytes, name=t.name, medium=MEDIA[t.name]) for t in TIERS]
     clock = Clock()
     eng = Engine(tiers, pol, clock=clock, max_block_bytes=BLOCK)
+    assert eng.policy is pol
     eng.set_geometry("ns", BLOCK, 16)
     ref.append(eng)
     return eng, pol
@@ -110,8 +145,9 @@ def _h(i: int) -> bytes:
     return i.to_bytes(8, "big")
 
 
-def drive(name: str, seed: int = 0, steps: int = 300) -> tuple[Engine, Checked]:
-    eng, pol = make_engine(name)
+def drive(name: str, seed: int = 0, steps: int = 300, hostile: bool = False
+          ) -> tuple[Engine, CheckedEviction]:
+    eng, pol = make_engine(name, hostile)
     rng = random.Random(seed)
     chains: dict[str, list[int]] = {}
     ids = iter(range(1_000, 10**9))
@@ -166,8 +202,26 @@ def test_invariants_under_traffic(name: str) -> None:
     assert pol.evictions > 0, "the traffic must put the tiers under pressure"
 
 
+def test_invariants_hold_when_the_order_is_hostile(name: str) -> None:
+    """Each policy's order with protected keys first and parents before children: the
+    engine still evicts children first and never a protected block."""
+    _eng, pol = drive(name, steps=150, hostile=True)
+    assert pol.evictions > 0, "the traffic must put the tiers under pressure"
+
+
+def test_the_manager_overrules_a_parent_first_order(name: str) -> None:
+    m = EvictionManager(Hostile(policies.create(name, TIERS)))
+    for i in range(6):  # a chain, stored parent first
+        m.on_insert(BlockInfo(i, BLOCK, i - 1 if i else None), "hbm", float(i))
+    for i in (10, 11):
+        m.on_insert(BlockInfo(i, BLOCK), "hbm", 6.0)
+    assert list(m.inner.victims("hbm", {10, 11}, 7.0))[:3] == [10, 11, 0], "hostile indeed"
+    assert m.evict("hbm", 3 * BLOCK, {10, 11}, 7.0) == [5, 4, 3]
+    assert m.evict("hbm", 7 * BLOCK, {10, 11}, 7.0) is None, "only 6 unprotected blocks"
+
+
 def test_eviction_is_atomic(name: str) -> None:
-    pol = policies.create(name, TIERS)
+    pol = EvictionManager(policies.create(name, TIERS))
     for i in range(5):
         pol.on_insert(BlockInfo(i, BLOCK, i - 1 if i else None), "hbm", float(i))
     before = pol.evict("hbm", 3 * BLOCK, {0, 1, 2, 3}, 10.0)
@@ -177,7 +231,7 @@ def test_eviction_is_atomic(name: str) -> None:
 
 
 def test_protected_never_evicted(name: str) -> None:
-    pol = policies.create(name, TIERS)
+    pol = EvictionManager(policies.create(name, TIERS))
     for i in range(10):
         pol.on_insert(BlockInfo(i, BLOCK), "hbm", float(i))
     assert pol.evict("hbm", BLOCK, set(range(10)), 20.0) is None
@@ -186,7 +240,7 @@ def test_protected_never_evicted(name: str) -> None:
 
 
 def test_child_before_parent(name: str) -> None:
-    pol = policies.create(name, TIERS)
+    pol = EvictionManager(policies.create(name, TIERS))
     # Parent stored before its child (the opposite of vLLM's free order).
     for i in range(6):
         pol.on_insert(BlockInfo(i, BLOCK, i - 1 if i else None), "hbm", float(i))
@@ -200,7 +254,7 @@ def test_child_before_parent(name: str) -> None:
 
 
 def test_child_with_protected_descendant_is_kept(name: str) -> None:
-    pol = policies.create(name, TIERS)
+    pol = EvictionManager(policies.create(name, TIERS))
     for i in range(4):
         pol.on_insert(BlockInfo(i, BLOCK, i - 1 if i else None), "hbm", float(i))
     # The leaf is pinned: none of its ancestors may go.

@@ -1,9 +1,12 @@
-"""Behaviour of the workload-aware policy beyond the shared suite."""
+"""Behaviour of the workload-aware policy beyond the shared suite (its evictions as the
+engine's eviction manager takes them)."""
 
 from __future__ import annotations
 
 from kvstore.policies.base import BlockInfo, Hint, RequestInfo, TierSpec
 from kvstore.policies.workload import WorkloadPolicy
+
+from kvstore.engine.eviction import EvictionManager
 
 B = 1
 ONE = [TierSpec("hbm", 10 * B, 1e13)]
@@ -11,11 +14,13 @@ THREE = [TierSpec("hbm", 10 * B, 1e13), TierSpec("dram", 40 * B, 25e9),
          TierSpec("disk", 100 * B, 3e9)]
 
 
-def request(pol: WorkloadPolicy, keys: list[int], session: str, now: float,
+def request(pol: WorkloadPolicy | EvictionManager, keys: list[int], session: str, now: float,
             workload: str = "agent", last_tokens: int = 512, store: bool = True
             ) -> dict[object, str]:
     """One request: the policy's plan, then its admitted blocks stored (tail first)."""
-    hit = [next((t for t, tr in pol._t.items() if k in tr), None) for k in keys]
+    inner = pol.inner if isinstance(pol, EvictionManager) else pol
+    assert isinstance(inner, WorkloadPolicy)
+    hit = [next((t for t, tr in inner._t.items() if k in tr), None) for k in keys]
     plan = pol.on_request(RequestInfo(keys, hit, session, workload, B, 512, last_tokens), now)
     if store:
         for j in range(len(keys) - 1, -1, -1):
@@ -26,7 +31,7 @@ def request(pol: WorkloadPolicy, keys: list[int], session: str, now: float,
     return dict(plan.admit)
 
 
-def train(pol: WorkloadPolicy, rounds: int = 30) -> float:
+def train(pol: WorkloadPolicy | EvictionManager, rounds: int = 30) -> float:
     """Agent sessions: after a tool call they are back in 10 s, after a user turn in
     30 min. Returns the time reached."""
     now = 0.0
@@ -43,7 +48,7 @@ def train(pol: WorkloadPolicy, rounds: int = 30) -> float:
 
 
 def test_a_session_waiting_on_a_tool_outlives_one_waiting_on_its_user() -> None:
-    pol = WorkloadPolicy(ONE)
+    pol = EvictionManager(WorkloadPolicy(ONE))
     now = train(pol)
     request(pol, [1, 2, 3, 4, 5], "tool", now)
     pol.on_hint(Hint("tool", "tool_call", "agent"), [], now)
@@ -74,7 +79,7 @@ def test_a_partial_last_block_is_never_stored() -> None:
 
 
 def test_an_ended_session_goes_first_and_back_hints_prefetch() -> None:
-    pol = WorkloadPolicy(ONE)
+    pol = EvictionManager(WorkloadPolicy(ONE))
     now = train(pol)
     request(pol, [1, 2, 3], "done", now)
     request(pol, [11, 12, 13], "busy", now)
@@ -87,7 +92,7 @@ def test_an_ended_session_goes_first_and_back_hints_prefetch() -> None:
 
 
 def test_blocks_several_sessions_use_are_pooled_and_outlive_an_ended_session() -> None:
-    pol = WorkloadPolicy(ONE)
+    pol = EvictionManager(WorkloadPolicy(ONE))
     now = train(pol)
     request(pol, [1, 2, 3], "a", now)
     request(pol, [1, 2, 4], "b", now + 1)  # 1, 2: a shared prompt

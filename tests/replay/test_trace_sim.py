@@ -119,7 +119,7 @@ def test_hint_arrives_at_request_end_and_moves_run(monkeypatch: pytest.MonkeyPat
                         f"{__name__}:Recorder")
     budgets = [TierBudget("hbm", 4), TierBudget("dram", 8)]
     p = Player("recorder", budgets)
-    pol = p.engine.policy
+    pol = p.engine.policy.inner
     assert isinstance(pol, Recorder)
     p.step(req(1000, [1, 2], session_id="a", workload="agent",
                after=After("tool_call", "search")))

@@ -2,8 +2,10 @@
 
 A block whose child is still cached in the same tier is never chosen before
 that child: evicting a parent first would strand the child (a prefix stops at
-its first miss). Policies call :meth:`ChildIndex.take` with their candidate
-order and get victims with every cached descendant placed before its parent.
+its first miss). The engine's eviction manager (:mod:`kvstore.engine.eviction`)
+keeps one index per tier for every policy and calls :meth:`ChildIndex.take`
+with the policy's order: victims come back with every cached descendant placed
+before its parent, whatever order the policy gave.
 """
 
 from __future__ import annotations
@@ -59,14 +61,15 @@ class ChildIndex:
 
     def take(
         self,
-        candidates: Iterable[tuple[Hashable, int]],
+        candidates: Iterable[Hashable],
         nbytes: int,
         protected: Container[Hashable],
     ) -> list[Hashable] | None:
-        """Pick victims from ``candidates`` (key, size), worst first, until
-        ``nbytes`` are freed; descendants always precede their ancestors. A
-        candidate with cached descendants gives up its subtree leaves first, only
-        as much of it as is needed (its head stays when the tail is enough).
+        """Pick victims from ``candidates``, worst first, until ``nbytes`` are
+        freed (sizes as :meth:`add` was told); descendants always precede their
+        ancestors. A candidate with cached descendants gives up its subtree leaves
+        first, only as much of it as is needed (its head stays when the tail is
+        enough). A candidate not in the index is passed over.
 
         A protected block is never chosen, nor any of its ancestors (they would
         strand it). Returns ``None`` when ``nbytes`` cannot be freed (atomic:
@@ -74,11 +77,15 @@ class ChildIndex:
         """
         chosen: dict[Hashable, None] = {}
         kept: set[Hashable] = set()  # found to have a protected descendant
+        sizes = self._sizes
         freed = 0
-        for key, size in candidates:
+        for key in candidates:
             if freed >= nbytes:
                 break
             if key in chosen or key in protected or key in kept:
+                continue
+            size = sizes.get(key)
+            if size is None:
                 continue
             kids = self._children.get(key)
             if kids is None or all(k in chosen for k in kids):

@@ -1,11 +1,12 @@
-"""``ChildIndex.take``: children before parents, protected blocks and their ancestors
-kept, and a walk that stops as soon as enough is freed."""
+"""``ChildIndex.take`` (the eviction manager's per-tier index): children before parents,
+protected blocks and their ancestors kept, and a walk that stops as soon as enough is
+freed."""
 
 from __future__ import annotations
 
 from collections.abc import Hashable
 
-from kvstore.policies._prefix import ChildIndex
+from kvstore.engine.children import ChildIndex
 
 
 class CountingSet:
@@ -30,10 +31,10 @@ def test_a_protected_leaf_keeps_its_ancestors_not_its_cousins() -> None:
     for key, parent in [("r", None), ("a", "r"), ("b", "r"), ("a1", "a"), ("a2", "a"),
                         ("b1", "b")]:
         idx.add(key, parent, 1)
-    victims = idx.take([("r", 1)], 3, {"b1"})
+    victims = idx.take(["r"], 3, {"b1"})
     assert victims is not None and set(victims) == {"a", "a1", "a2"}
     assert victims.index("a") > max(victims.index("a1"), victims.index("a2"))
-    assert idx.take([("r", 1)], 4, {"b1"}) is None  # r and b must stay with b1
+    assert idx.take(["r"], 4, {"b1"}) is None  # r and b must stay with b1
 
 
 def test_a_shared_prefix_with_many_descendants_is_not_walked_whole() -> None:
@@ -45,7 +46,7 @@ def test_a_shared_prefix_with_many_descendants_is_not_walked_whole() -> None:
         idx.add((c, 1), (c, 0), 1)
         idx.add((c, 2), (c, 1), 1)
     protected = CountingSet({(7, 2)})
-    victims = idx.take([("root", 1)], 2, protected)
+    victims = idx.take(["root"], 2, protected)
     assert victims is not None and len(victims) == 2
     assert "root" not in victims
     first, second = victims
@@ -56,7 +57,7 @@ def test_a_shared_prefix_with_many_descendants_is_not_walked_whole() -> None:
 def test_a_root_not_in_the_index_gives_nothing() -> None:
     idx = ChildIndex()
     idx.add("child", "ghost", 1)
-    assert idx.take([("ghost", 1)], 1, set()) is None
+    assert idx.take(["ghost"], 1, set()) is None
 
 
 def test_a_chain_ending_in_a_protected_block_is_walked_once_per_call() -> None:
@@ -65,7 +66,7 @@ def test_a_chain_ending_in_a_protected_block_is_walked_once_per_call() -> None:
     for i in range(n):
         idx.add(i, i - 1 if i else None, 1)
     protected = CountingSet({n - 1})  # the tail is pinned: nothing of the chain may go
-    assert idx.take([(i, 1) for i in range(n)], 1, protected) is None
+    assert idx.take(list(range(n)), 1, protected) is None
     assert protected.asked < 3 * n  # not once per block per walk (~n * n / 2)
 
 
@@ -78,7 +79,7 @@ def test_a_long_chain_evicted_one_block_per_call_is_not_walked_from_its_head() -
         idx.add(i, i - 1 if i else None, 1)
     protected = CountingSet(set())
     for expected in range(n - 1, n - 501, -1):
-        victims = idx.take([(0, 1)], 1, protected)
+        victims = idx.take([0], 1, protected)
         assert victims == [expected]
         idx.remove(expected)
     # The first call walks down once; the rest start where it stopped (from the head
@@ -124,7 +125,7 @@ def test_take_on_random_forests_matches_its_rules() -> None:
             if rnd.random() < 0.5:  # oldest heads first, as LRU offers an appended chain
                 order.sort(key=lambda k: len(_ancestors(parent, k, idx)))
             nbytes = rnd.randrange(1, 12)
-            victims = idx.take([(k, size[k]) for k in order], nbytes, protected)
+            victims = idx.take(order, nbytes, protected)
             banned = set(protected)
             for k in protected:
                 banned |= _ancestors(parent, k, idx)
@@ -165,14 +166,14 @@ def test_a_hint_whose_block_came_back_elsewhere_is_not_followed_up_to_another_ro
     idx = ChildIndex()
     for i in range(6):
         idx.add(i, i - 1 if i else None, 1)
-    assert idx.take([(0, 1)], 1, set()) == [5]  # the walk from 0 stopped at 4
+    assert idx.take([0], 1, set()) == [5]  # the walk from 0 stopped at 4
     idx.remove(5)
-    assert idx.take([(0, 1)], 1, set()) == [4]  # hint: 3
+    assert idx.take([0], 1, set()) == [4]  # hint: 3
     idx.remove(4)
     idx.remove(3)  # a leaf by now: no epoch change
     idx.add("top", None, 1)
     idx.add(3, "top", 1)  # the same key under another parent (a client's bad input)
-    victims = idx.take([(0, 1)], 3, set())  # the walk climbs past "top": it must stop
+    victims = idx.take([0], 3, set())  # the walk climbs past "top": it must stop
     assert victims is not None and len(victims) == 3 and all(v in idx for v in victims)
     assert "top" not in victims or victims.index("top") > victims.index(3)
     assert 0 not in victims or victims.index(0) > max(victims.index(k) for k in (1, 2))
@@ -185,7 +186,7 @@ def test_a_hint_whose_block_came_back_as_an_orphan_restarts_from_its_root() -> N
     for i in range(5):
         idx.add(i, i - 1 if i else None, 1)
     for expected in (4, 3):
-        assert idx.take([(0, 1)], 1, set()) == [expected]
+        assert idx.take([0], 1, set()) == [expected]
         idx.remove(expected)
     idx.remove(2)
     idx.remove(1)  # leaves by now: no epoch change; the hint (2) is not cached
@@ -193,4 +194,4 @@ def test_a_hint_whose_block_came_back_as_an_orphan_restarts_from_its_root() -> N
     idx.add(2, 1, 1)  # 2 back, its parent 1 not
     # The walk from 0 starts at its hint (2, cached again), cannot climb through 1,
     # and goes on from 0 itself.
-    assert idx.take([(0, 1)], 2, set()) == [2, 9]
+    assert idx.take([0], 2, set()) == [2, 9]

@@ -1,0 +1,89 @@
+"""The eviction manager: the rules every policy's victims obey, enforced once.
+
+A policy only orders a tier's blocks (``victims``, worst first: see
+:mod:`kvstore.policies.base`). :class:`EvictionManager` wraps it and is what the
+engine calls: it keeps the policy told of every store, hit and removal, and
+keeps one :class:`~kvstore.engine.children.ChildIndex` per tier beside it, so
+when the engine needs room it reads the policy's order lazily, until enough is
+freed, and
+
+* never takes a protected key (pinned, in flight, the request's own blocks, the
+  retention shield), nor an ancestor of one (it would strand it);
+* never takes a block before its cached children in the same tier (a prefix
+  stops at its first miss), whatever order the policy gave;
+* passes over keys the tier does not hold, and is atomic: enough victims, or none.
+
+vLLM learned this from fixing one eviction bug twice, once per policy: the
+invariant lives in one manager, each policy is a small strategy. Placement
+(admission plans, demotion targets, hints, retention deadlines) passes through
+to the policy unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Hashable, Iterable, Sequence
+
+from kvstore.engine.children import ChildIndex
+from kvstore.policies import BlockInfo, Hint, Move, Plan, Policy, RequestInfo, TierSpec
+
+__all__ = ["EvictionManager"]
+
+
+class EvictionManager:
+    """The engine's face of a policy: its calls, with the eviction rules applied."""
+
+    __slots__ = ("_children", "inner", "name", "tiers")
+
+    def __init__(self, policy: Policy) -> None:
+        self.inner = policy
+        self.name: str = policy.name
+        self.tiers: tuple[TierSpec, ...] = policy.tiers
+        self._children = {t.name: ChildIndex() for t in policy.tiers}
+
+    @classmethod
+    def of(cls, policy: Policy | EvictionManager) -> EvictionManager:
+        """``policy`` managed (a manager already is)."""
+        return policy if isinstance(policy, EvictionManager) else cls(policy)
+
+    def _index(self, tier: str) -> ChildIndex:
+        try:
+            return self._children[tier]
+        except KeyError:
+            raise ValueError(f"tier {tier!r} is not one of the policy's tiers "
+                             f"{sorted(self._children)}") from None
+
+    # -- the eviction order --------------------------------------------------------
+    def on_insert(self, info: BlockInfo, tier: str, now: float) -> None:
+        self._index(tier).add(info.key, info.parent, info.size)
+        self.inner.on_insert(info, tier, now)
+
+    def on_access(self, key: Hashable, tier: str, now: float) -> None:
+        self.inner.on_access(key, tier, now)
+
+    def on_remove(self, key: Hashable, tier: str) -> None:
+        self._index(tier).remove(key)
+        self.inner.on_remove(key, tier)
+
+    def evict(self, tier: str, nbytes: int, protected: Container[Hashable], now: float
+              ) -> list[Hashable] | None:
+        """Victims in ``tier`` freeing at least ``nbytes``, children before parents,
+        none of them ``protected``; ``None`` when that is impossible. Nothing is
+        removed here: the engine calls :meth:`on_remove` for each block it evicts."""
+        order: Iterable[Hashable] = self.inner.victims(tier, protected, now)
+        return self._index(tier).take(order, nbytes, protected)
+
+    # -- placement: the policy's own ---------------------------------------------------
+    def on_request(self, req: RequestInfo, now: float) -> Plan:
+        plan: Plan = self.inner.on_request(req, now)
+        return plan
+
+    def demote_to(self, key: Hashable, tier: str, now: float) -> str | None:
+        dst: str | None = self.inner.demote_to(key, tier, now)
+        return dst
+
+    def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:
+        moves: list[Move] = self.inner.on_hint(hint, keys, now)
+        return moves
+
+    def on_retain(self, keys: Sequence[Hashable], until: float, now: float) -> None:
+        self.inner.on_retain(keys, until, now)
