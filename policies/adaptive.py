@@ -9,30 +9,32 @@ themselves, measured online.
 
 Two experts decide over the same tiers: *bets* (the workload policy) and *lru*
 (LRU, admit everything). Both see every lookup, store, hit, removal and hint, so
-either can take over at any request with a correct view of what is stored; only
-the *leader*'s placement and eviction decisions are used.
+either can take over at any request with a correct view of what is stored (and the
+bets keep learning return times while LRU leads); only the *leader*'s admission,
+eviction, demotion and hint moves are used.
 
-The score of each expert is its prefix hits over the recent lookups (an
-exponentially decayed window of ``window`` times the tier's capacity in blocks):
+How the bets are scored: a ghost of LRU (keys only, bounded by the tier's
+capacity, no bytes) replays every lookup as LRU would (a request's prefix hits up
+to its first miss, then every key touched, last block first). It is the ghost of
+"what LRU would have kept and evicted", and exact for LRU, so the bets are scored
+paired against it: while *bets* leads, each request adds its real prefix hits minus
+the ghost's to an *advantage*, decayed over a window of ``window`` capacities of
+looked-up blocks. The advantage falls when the bets refuse or drop blocks that LRU
+would have hit, and rises when their keeps hit what LRU had evicted.
 
-* *lru*'s counterfactual is exact and cheap: a ghost of LRU (keys only, bounded by
-  the capacity, no bytes) replays every lookup as LRU would (a request's prefix
-  hits up to its first miss, then every key touched, last block first). It is the
-  ghost of "what LRU would have kept and evicted".
-* *bets*' score is the real prefix hits while it leads.
-
-While *bets* leads and its decayed hit rate falls below the ghost's by more than
-``tolerance`` (with at least a window of evidence), its refusals and early drops
-are costing hits LRU would have had: *lru* takes over. A probation follows
-(``window`` lookups first); then *bets* gets a trial again, scored afresh against
-the ghost; each trial it loses doubles the probation (up to ``max_backoff``
-windows), and a trial it survives for a whole probation resets it. This is the
-doubling trick of online learning between two experts of which one (LRU) is
-observed in full: the regret of the trials is bounded by a geometric series, so
-on a trace where the bets lose the policy converges to LRU's hit rate; where
-they win they keep leading and keep winning. It is the same online measurement
-ARC and LeCaR/CACHEUS make with ghost lists, applied to the choice between a
-learned policy and its baseline, with one exact ghost rather than a sampled one.
+When the advantage falls below ``-(slack / backoff)`` capacities of hits (minus
+``tolerance`` of the window's lookups), *lru* takes over for a probation of
+``backoff`` windows, and ``backoff`` doubles (up to ``max_backoff``); after it the
+bets get a trial, scored afresh. A trial that holds as long as its probation
+halves ``backoff`` again. So each lost trial costs at most about ``slack / backoff``
+capacities of hits, trials grow rarer as they keep losing, and the slack a
+twice-beaten bettor gets shrinks: on a trace where the bets lose the policy
+converges to LRU's hit rate; where they win (the slack covers the cold start and
+the bets that pay off later than they cost) they keep leading and keep winning.
+This is ARC's and LeCaR/CACHEUS's online measurement with ghost lists, applied to
+the choice between a learned policy and its baseline: one exact ghost for the
+baseline (cheap, since LRU needs only keys and order) and the doubling trick of
+online learning for the expert that cannot be shadowed.
 
 The HBM keep (``Plan.keep_s``) always comes from *bets*: it uses the hints (what
 the session waits on, the tool and its learned gaps) whichever expert places the

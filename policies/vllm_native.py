@@ -73,10 +73,14 @@ class ARCPolicy(Policy):
     def __init__(self, tiers: Sequence[TierSpec]) -> None:
         super().__init__(tiers)
         self._t = {t.name: _ARC(t.capacity_bytes) for t in tiers}
+        #: blocks stored since the last lookup: the engine touches what it just stored,
+        #: which is no second use (vLLM's ``is_ready`` check keeps them in T1)
+        self._fresh: set[Hashable] = set()
 
     def on_request(self, req: RequestInfo, now: float) -> Plan:
         """vLLM's touch of a request's blocks, for the ones no tier holds: a block
         remembered in a ghost list moves T1's target."""
+        self._fresh.clear()
         for arc in self._t.values():
             for k in reversed(req.keys):
                 if k in arc.t1 or k in arc.t2:
@@ -95,6 +99,7 @@ class ARCPolicy(Policy):
         if info.key in arc.t1 or info.key in arc.t2:
             return
         arc.t1[info.key] = info.size
+        self._fresh.add(info.key)
         arc.b1.pop(info.key, None)
         arc.b2.pop(info.key, None)
         arc.index.add(info.key, info.parent, info.size)
@@ -102,6 +107,9 @@ class ARCPolicy(Policy):
 
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         arc = self._t[tier]
+        if key in self._fresh and key in arc.t1:
+            arc.t1.move_to_end(key)  # stored by this request: not a second use
+            return
         size = arc.t1.pop(key, None)
         if size is not None:
             arc.t2[key] = size

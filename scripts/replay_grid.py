@@ -75,7 +75,7 @@ def table(title: str, caps: Sequence[int], rows: dict[str, list[float]]) -> str:
             cell = f"{100 * v:.2f}%"
             if p not in ("lru", "belady-bypass"):
                 gap = u - b
-                share = f", {100 * (v - b) / gap:.0f}% of gap" if gap > 1e-9 else ""
+                share = f", {100 * (v - b) / gap:.0f}% of gap" if gap > 0.005 else ""
                 cell += f" ({100 * (v - b):+.2f}{share})"
             cells.append(cell)
         lines.append(f"| {p} | " + " | ".join(cells) + " |")

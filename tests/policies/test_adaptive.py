@@ -96,7 +96,11 @@ def test_arc_moves_its_target_on_ghost_hits_and_evicts_from_t1_first() -> None:
     pol = ARCPolicy([TierSpec("hbm", 4 * B)])
     for k in range(4):
         pol.on_insert(BlockInfo(k, B), "hbm", 0.0)
-    pol.on_access(3, "hbm", 1.0)  # 3 is in T2 now
+    pol.on_access(2, "hbm", 0.0)  # the engine touches what it just stored: still T1
+    assert 2 in pol._t["hbm"].t1
+    pol.on_request(RequestInfo([3], ["hbm"], "s", "chat", B, 512, 512), 1.0)
+    pol.on_access(3, "hbm", 1.0)  # a second use: 3 is in T2 now
+    assert 3 in pol._t["hbm"].t2
     assert pol.evict("hbm", B, set(), 2.0) == [0]  # T1's oldest
     pol.on_remove(0, "hbm")
     arc = pol._t["hbm"]
