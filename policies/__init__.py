@@ -32,11 +32,14 @@ __all__ = ["BlockInfo", "Hint", "Move", "Plan", "Policy", "PolicyConfig", "Reque
            "TierSpec", "Wrapper", "available", "create", "register"]
 
 _REGISTRY: dict[str, str] = {
+    "adaptive": "kvstore.policies.adaptive:AdaptivePolicy",
     "lru": "kvstore.policies.lru:LRUPolicy",
     "lru+filter": "kvstore.policies.filter:FilteredLRU",
     "s3fifo": "kvstore.policies.s3fifo:S3FIFOPolicy",
     "s3fifo+filter": "kvstore.policies.filter:FilteredS3FIFO",
     "ttl": "kvstore.policies.ttl:TTLPolicy",
+    "vllm-arc": "kvstore.policies.vllm_native:VLLMNativeARC",
+    "vllm-lru": "kvstore.policies.vllm_native:VLLMNativeLRU",
     "workload": "kvstore.policies.workload:WorkloadPolicy",
 }
 

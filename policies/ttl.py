@@ -4,9 +4,10 @@ pins on tool calls, later CacheTTL).
 LRU, except:
 
 * after a ``tool_call`` hint the session's blocks are *held* for ``ttl_s``
-  (60 s): they are evicted last, and a new request's blocks bypass the cache
+  (60 s): they are evicted last, and a new request's blocks bypass the top tier
   rather than evict them (admitted only while unheld blocks or free room can
-  make space);
+  make space); a block refused from the top tier still enters the next tier
+  (the rule protects the fast tier, it does not drop the block);
 * after a user turn (``turn_end``) the session's blocks go to the cold end of
   the LRU order and lose any hold;
 * at ``session_end`` its blocks are dropped.
@@ -69,12 +70,17 @@ class TTLPolicy(Policy):
         tr = self._t[top]
         tr.expire(now)
         room = tr.capacity - tr.held_bytes  # free bytes + what unheld blocks can give up
+        lower = self.tiers[1].name if len(self.tiers) > 1 else None
         admit: dict[Hashable, str] = {}
+        bypass = False
         for k, t in zip(req.keys, req.hit_tiers, strict=True):
             if t is not None:
                 continue
-            if room < req.block_bytes:
-                break  # bypass: the rest would evict held blocks
+            if bypass or room < req.block_bytes:
+                bypass = True  # the rest would evict held blocks: not into the top tier
+                if lower is not None:
+                    admit[k] = lower
+                continue
             admit[k] = top
             room -= req.block_bytes
         return Plan(admit)

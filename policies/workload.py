@@ -290,8 +290,11 @@ class WorkloadPolicy(Policy):
         """HBM keep: how long the engine should hold this request's blocks after it ends.
         Only for a turn that ends waiting (on a tool or the user): for the gap the client
         gave, if it is at most ``hbm_keep_max_s``; else if most sessions of the wait's
-        class (learned, as for eviction) were back within ``hbm_keep_max_s``, until
-        nine in ten of those are. Otherwise 0: release (offload what was saved)."""
+        class (learned per tool, as for eviction) were back within ``hbm_keep_max_s``,
+        until nine in ten of those are. Before a class has ``_KEEP_MIN_WAITS`` waits of
+        its own, the hint decides: a tool call is held for the whole bound (tools
+        answer in seconds, and the hold costs the sidecar no room), a user turn is not
+        (people answer in minutes). Otherwise 0: release (offload what was saved)."""
         wait = _WAIT.get(req.then)
         limit = self.hbm_keep_max_s
         if limit <= 0 or wait not in ("tool", "user"):
@@ -301,7 +304,7 @@ class WorkloadPolicy(Policy):
             return gap if 0.0 < gap <= limit else 0.0
         cls = self._cls(s, wait, self._tool(s.workload, req.tool) if wait == "tool" else "")
         if self.returns.waits(cls) < _KEEP_MIN_WAITS:
-            return 0.0
+            return limit if wait == "tool" else 0.0
         back = self.returns.back_by(cls, limit)
         if back < 0.5:
             return 0.0

@@ -17,6 +17,10 @@ Parameters follow published figures (see DESIGN.md section 1):
   of the shared prefix, as ``cache_control`` does); people pace the sessions (minutes
   between turns) and each brings a long document of its own, so between two uses of
   one app's prefix the other traffic ages it out of LRU. Not in ``mixed``.
+* agent-noisy: agents whose hints predict little (latency independent of the tool's
+  name, 24 tool names, a long tail of minutes and hours): the
+  other kinds match the workload policy's classes (one lognormal per tool), this one
+  does not. Not in ``mixed``.
 
 ``scale`` shrinks every length (1.0 = the published sizes) so tests stay small.
 Everything is drawn from one seeded generator: the same arguments give the
@@ -179,9 +183,34 @@ def _retained(g: _Gen) -> None:
         chain = chain + g.fresh(g.blocks(g.rng.uniform(1000, 4000)))
 
 
+def _agent_noisy(g: _Gen) -> None:
+    """An agent whose hints predict little: the opposite of ``agent``'s per-tool classes.
+    A call's latency does not depend on its tool's name (one mixture for all: 60%
+    seconds, 25% minutes, as a build or a person approving the call, 15% an hour,
+    past most traces' end); tool names come from a set of 24, more than a class needs;
+    and prefixes vary in length (8k-128k tokens)."""
+    s = g.session("agent")
+    t = g.start()
+    chain = g.prefix("agent-system", 8192)
+    chain = chain + g.fresh(g.blocks(g.rng.uniform(0, 120_000)))
+    steps = max(2, round(g.lognormal(10.0, 0.9)))
+    for i in range(steps):
+        if i == steps - 1:
+            g.emit(t, chain, "agent", s, After("end"), 200)
+            break
+        tool = f"tool{g.rng.randrange(24)}"
+        g.emit(t, chain, "agent", s, After("tool_call", tool), 200)
+        u = g.rng.random()
+        gap = (g.lognormal(3.0, 0.8) if u < 0.6 else g.lognormal(120.0, 0.7) if u < 0.85
+               else g.lognormal(3600.0, 0.5))
+        t += 2.0 + gap
+        chain = chain + g.fresh(g.blocks(g.rng.uniform(200, 3000)))
+
+
 _KIND_FN: dict[str, Callable[[_Gen], None]] = {
     "chat": _chat, "agent": _agent, "rag": _rag, "reasoning": _reasoning,
     "batch": _batch, "autocomplete": _autocomplete, "retained": _retained,
+    "agent-noisy": _agent_noisy,
 }
 #: Share of sessions per kind in ``mixed``.
 MIX = {"chat": 0.3, "agent": 0.25, "rag": 0.15, "reasoning": 0.1, "batch": 0.1,

@@ -1,0 +1,215 @@
+"""The workload policy's bets, guarded by what LRU would have done: never below LRU.
+
+:class:`~kvstore.policies.workload.WorkloadPolicy` wins by betting: it refuses
+admission to a newcomer worth less than the sessions it would push out, and it
+evicts the least valuable session first. Where those bets are wrong (a mix whose
+sessions come back later than their class says, a tier big enough that LRU keeps
+everything worth keeping) it falls below LRU. This policy makes the bets pay for
+themselves, measured online.
+
+Two experts decide over the same tiers: *bets* (the workload policy) and *lru*
+(LRU, admit everything). Both see every lookup, store, hit, removal and hint, so
+either can take over at any request with a correct view of what is stored (and the
+bets keep learning return times while LRU leads); only the *leader*'s admission,
+eviction, demotion and hint moves are used.
+
+How the bets are scored: a ghost of LRU (keys only, bounded by the tier's
+capacity, no bytes) replays every lookup as LRU would (a request's prefix hits up
+to its first miss, then every key touched, last block first). It is the ghost of
+"what LRU would have kept and evicted", and exact for LRU, so the bets are scored
+paired against it: while *bets* leads, each request adds its real prefix hits minus
+the ghost's to an *advantage*, decayed over a window of ``window`` capacities of
+looked-up blocks. The advantage falls when the bets refuse or drop blocks that LRU
+would have hit, and rises when their keeps hit what LRU had evicted.
+
+When the advantage falls below ``-(slack / backoff)`` capacities of hits (minus
+``tolerance`` of the window's lookups), *lru* takes over for a probation of
+``backoff`` windows, and ``backoff`` doubles (up to ``max_backoff``); after it the
+bets get a trial, scored afresh. A trial that holds as long as its probation
+halves ``backoff`` again. So each lost trial costs at most about ``slack / backoff``
+capacities of hits, trials grow rarer as they keep losing, and the slack a
+twice-beaten bettor gets shrinks: on a trace where the bets lose the policy
+converges to LRU's hit rate; where they win (the slack covers the cold start and
+the bets that pay off later than they cost) they keep leading and keep winning.
+This is ARC's and LeCaR/CACHEUS's online measurement with ghost lists, applied to
+the choice between a learned policy and its baseline: one exact ghost for the
+baseline (cheap, since LRU needs only keys and order) and the doubling trick of
+online learning for the expert that cannot be shadowed.
+
+The HBM keep (``Plan.keep_s``) always comes from *bets*: it uses the hints (what
+the session waits on, the tool and its learned gaps) whichever expert places the
+blocks in the sidecar's tiers, because a keep costs the sidecar no room.
+
+Pure: no clock, no I/O; time is an argument. With more than one tier the ghost
+has the capacity of every tier worth loading from, and the real score is the
+prefix served from any of them (an approximation of LRU with demotion).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Container, Hashable, Sequence
+
+from kvstore.policies.base import BlockInfo, Hint, Move, Plan, Policy, RequestInfo, TierSpec
+from kvstore.policies.cost import CostModel
+from kvstore.policies.lru import LRUPolicy
+from kvstore.policies.workload import WorkloadPolicy
+
+__all__ = ["AdaptivePolicy", "LRUGhost"]
+
+
+class LRUGhost:
+    """LRU over keys only, ``capacity`` bytes: what LRU would hold (no payloads)."""
+
+    __slots__ = ("capacity", "keys", "used")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.keys: OrderedDict[Hashable, int] = OrderedDict()
+        self.used = 0
+
+    def request(self, keys: Sequence[Hashable], size: int) -> int:
+        """Play one lookup as LRU would; returns its prefix hits."""
+        ghost = self.keys
+        hits = 0
+        for k in keys:
+            if k not in ghost:
+                break
+            hits += 1
+        for k in reversed(keys):  # the engine's order: the first block ends most recent
+            old = ghost.pop(k, None)
+            if old is None:
+                self.used += size
+            ghost[k] = size if old is None else old
+        while self.used > self.capacity and ghost:
+            self.used -= ghost.popitem(last=False)[1]
+        return hits
+
+
+class AdaptivePolicy(Policy):
+    name = "adaptive"
+
+    def __init__(self, tiers: Sequence[TierSpec], cost: CostModel | None = None,
+                 hbm_keep_max_s: float = 10.0, window: float = 16.0, slack: float = 2.0,
+                 tolerance: float = 0.001, max_backoff: int = 64,
+                 **bets: float) -> None:
+        super().__init__(tiers)
+        if window <= 0 or slack < 0:
+            raise ValueError(f"window must be > 0 and slack >= 0 (capacities), "
+                             f"got {window} and {slack}")
+        if not 0 <= tolerance < 1:
+            raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
+        if max_backoff < 1:
+            raise ValueError(f"max_backoff must be >= 1, got {max_backoff}")
+        self.cost = cost or CostModel()
+        #: the bets expert; ``bets`` options (margin, window_s, keep_gap_s) go to it
+        self.bets = WorkloadPolicy(tiers, self.cost, hbm_keep_max_s=hbm_keep_max_s, **bets)
+        self.lru = LRUPolicy(tiers)
+        self.window = window
+        self.slack = slack
+        self.tolerance = tolerance
+        self.max_backoff = max_backoff
+        self._worth = tuple(self.cost.worth_loading(t) for t in tiers)
+        self._ghost: LRUGhost | None = None
+        self._span = 1.0  # the score window, in looked-up blocks
+        self._slack = 0.0  # blocks
+        #: decayed (bets' real prefix hits - the ghost's) and lookups, while bets leads
+        self.advantage = 0.0
+        self.seen = 0.0
+        #: "bets" or "lru"
+        self.leader = "bets"
+        self.switches = 0
+        self._backoff = 1  # probation length, in windows
+        self._left = 0.0  # lookups left in the current probation or trial
+        self._size = 1
+
+    # -- the score ----------------------------------------------------------------------
+    def _start(self, block_bytes: int) -> LRUGhost:
+        cap = sum(t.capacity_bytes for i, t in enumerate(self.tiers) if self._worth[i])
+        self._size = max(block_bytes, 1)
+        self._ghost = LRUGhost(cap)
+        blocks = max(1, cap // self._size)
+        self._span = self.window * blocks
+        self._slack = self.slack * blocks
+        self._left = self._span
+        return self._ghost
+
+    def _served(self, req: RequestInfo) -> int:
+        worth = req.worth or self._worth
+        n = 0
+        for t in req.hit_tiers:
+            if t is None or not worth[self._order[t]]:
+                break
+            n += 1
+        return n
+
+    def _score(self, req: RequestInfo) -> None:
+        """Play the lookup on the ghost; while bets leads, add its paired advantage
+        (its real prefix hits minus the ghost's) and hand over to LRU once the bets
+        have cost more than ``slack`` capacities of hits plus ``tolerance`` of the
+        lookups in the window."""
+        ghost = self._ghost
+        if ghost is None:
+            if not req.block_bytes:
+                return  # sizes unknown: nothing stored yet, nothing to compare
+            ghost = self._start(req.block_bytes)
+        n = len(req.keys)
+        g = ghost.request(req.keys, req.block_bytes or self._size)
+        self._left -= n
+        if self.leader == "bets":
+            d = math.exp(-n / self._span)
+            self.advantage = self.advantage * d + self._served(req) - g
+            self.seen = self.seen * d + n
+            if self.advantage < -(self._slack / self._backoff + self.tolerance * self.seen):
+                self._follow("lru")
+                self._left = self._backoff * self._span  # probation
+                self._backoff = min(self._backoff * 2, self.max_backoff)
+            elif self._left <= 0:  # the bets held as long as their last probation
+                self._backoff = max(1, self._backoff // 2)
+                self._left = self._backoff * self._span
+        elif self._left <= 0:
+            self._follow("bets")  # a trial, scored afresh
+            self._left = self._backoff * self._span
+
+    def _follow(self, leader: str) -> None:
+        self.leader = leader
+        self.switches += 1
+        self.advantage = self.seen = 0.0
+
+    # -- placement ----------------------------------------------------------------------
+    def on_request(self, req: RequestInfo, now: float) -> Plan:
+        self._score(req)
+        bet = self.bets.on_request(req, now)
+        lru = self.lru.on_request(req, now)
+        if self.leader == "bets":
+            return bet
+        return Plan(lru.admit, lru.moves, bet.keep_s)
+
+    def demote_to(self, key: Hashable, tier: str, now: float) -> str | None:
+        if self.leader == "bets":
+            return self.bets.demote_to(key, tier, now)
+        return self.lru.demote_to(key, tier, now)
+
+    def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:
+        moves = self.bets.on_hint(hint, keys, now)  # it learns from every hint
+        return moves if self.leader == "bets" else []
+
+    # -- bookkeeping: both experts see everything ------------------------------------------
+    def on_insert(self, info: BlockInfo, tier: str, now: float) -> None:
+        self.bets.on_insert(info, tier, now)
+        self.lru.on_insert(info, tier, now)
+
+    def on_access(self, key: Hashable, tier: str, now: float) -> None:
+        self.bets.on_access(key, tier, now)
+        self.lru.on_access(key, tier, now)
+
+    def on_remove(self, key: Hashable, tier: str) -> None:
+        self.bets.on_remove(key, tier)
+        self.lru.on_remove(key, tier)
+
+    def evict(self, tier: str, nbytes: int, protected: Container[Hashable], now: float
+              ) -> list[Hashable] | None:
+        if self.leader == "bets":
+            return self.bets.evict(tier, nbytes, protected, now)
+        return self.lru.evict(tier, nbytes, protected, now)

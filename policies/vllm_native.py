@@ -1,0 +1,157 @@
+"""vLLM's native CPU offloading as it ships, as baselines: LRU or ARC behind
+``store_threshold`` 2.
+
+vLLM's ``OffloadingConnector`` keeps offloaded blocks under a ``CachePolicy``
+(``vllm/v1/kv_offload/cpu/policies``: ``lru`` or ``arc``), and its
+``FilterReusedOffloadingManager`` decorator stores a block only once its hash has
+been looked up ``store_threshold`` times (2: on its second sighting), counting in an
+LRU table of at most 64,000 hashes. Here the same two pieces are the existing
+:class:`~kvstore.policies.filter.AdmissionFilter` (counts lookups, bounded, forgets
+the oldest) around :class:`~kvstore.policies.lru.LRUPolicy` or :class:`ARCPolicy`.
+
+:class:`ARCPolicy` follows vLLM's ``ARCCachePolicy``: new blocks enter T1, a hit
+moves a T1 block to T2 (a T2 block to its MRU end); a lookup of a block remembered
+in ghost list B1 (evicted from T1) grows T1's target by ``max(1, |B2| / |B1|)``, one
+in B2 shrinks it by ``max(1, |B1| / |B2|)``; victims come from T1 while T1 holds at
+least its target, else from T2, and go to B1 or B2; each ghost list keeps at most
+the tier's capacity in blocks. Victims still go children before parents
+(:mod:`kvstore.policies._prefix`), as every policy here.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Container, Hashable, Iterator, Sequence
+
+from kvstore.policies._prefix import ChildIndex
+from kvstore.policies.base import BlockInfo, Plan, Policy, RequestInfo, TierSpec
+from kvstore.policies.filter import AdmissionFilter
+from kvstore.policies.lru import LRUPolicy
+
+__all__ = ["STORE_THRESHOLD", "TRACKER_SIZE", "ARCPolicy", "VLLMNativeARC", "VLLMNativeLRU"]
+
+#: vLLM's defaults for ``FilterReusedOffloadingManager``.
+STORE_THRESHOLD = 2
+TRACKER_SIZE = 64_000
+
+
+class _ARC:
+    __slots__ = ("b1", "b2", "blocks", "capacity", "index", "t1", "t2", "target")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity  # bytes
+        self.blocks = 1  # capacity in blocks (from the sizes seen)
+        self.target = 0.0  # T1's target size, blocks
+        self.t1: OrderedDict[Hashable, int] = OrderedDict()
+        self.t2: OrderedDict[Hashable, int] = OrderedDict()
+        self.b1: OrderedDict[Hashable, None] = OrderedDict()
+        self.b2: OrderedDict[Hashable, None] = OrderedDict()
+        self.index = ChildIndex()
+
+    def order(self) -> Iterator[tuple[Hashable, int]]:
+        """Candidates in ARC's order: T1 while it holds its target, then T2."""
+        virtual = len(self.t1)
+        t1, t2 = iter(self.t1.items()), iter(self.t2.items())
+        while True:
+            item = None
+            if virtual >= int(self.target):
+                item = next(t1, None)
+                if item is not None:
+                    virtual -= 1
+            if item is None:
+                item = next(t2, None)
+                if item is None:
+                    item = next(t1, None)  # T2 is done: what is left of T1
+                    if item is None:
+                        return
+            yield item
+
+
+class ARCPolicy(Policy):
+    name = "arc"
+
+    def __init__(self, tiers: Sequence[TierSpec]) -> None:
+        super().__init__(tiers)
+        self._t = {t.name: _ARC(t.capacity_bytes) for t in tiers}
+        #: blocks stored since the last lookup: the engine touches what it just stored,
+        #: which is no second use (vLLM's ``is_ready`` check keeps them in T1)
+        self._fresh: set[Hashable] = set()
+
+    def on_request(self, req: RequestInfo, now: float) -> Plan:
+        """vLLM's touch of a request's blocks, for the ones no tier holds: a block
+        remembered in a ghost list moves T1's target."""
+        self._fresh.clear()
+        for arc in self._t.values():
+            for k in reversed(req.keys):
+                if k in arc.t1 or k in arc.t2:
+                    continue
+                if k in arc.b1:
+                    arc.target = min(arc.target + max(1.0, len(arc.b2) / len(arc.b1)),
+                                     float(arc.blocks))
+                    arc.b1.move_to_end(k)
+                elif k in arc.b2:
+                    arc.target = max(arc.target - max(1.0, len(arc.b1) / len(arc.b2)), 0.0)
+                    arc.b2.move_to_end(k)
+        return super().on_request(req, now)
+
+    def on_insert(self, info: BlockInfo, tier: str, now: float) -> None:
+        arc = self._t[tier]
+        if info.key in arc.t1 or info.key in arc.t2:
+            return
+        arc.t1[info.key] = info.size
+        self._fresh.add(info.key)
+        arc.b1.pop(info.key, None)
+        arc.b2.pop(info.key, None)
+        arc.index.add(info.key, info.parent, info.size)
+        arc.blocks = max(1, arc.capacity // max(info.size, 1))
+
+    def on_access(self, key: Hashable, tier: str, now: float) -> None:
+        arc = self._t[tier]
+        if key in self._fresh and key in arc.t1:
+            arc.t1.move_to_end(key)  # stored by this request: not a second use
+            return
+        size = arc.t1.pop(key, None)
+        if size is not None:
+            arc.t2[key] = size
+        elif key in arc.t2:
+            arc.t2.move_to_end(key)
+
+    def on_remove(self, key: Hashable, tier: str) -> None:
+        arc = self._t[tier]
+        if arc.t1.pop(key, None) is None and arc.t2.pop(key, None) is None:
+            return
+        arc.index.remove(key)
+
+    def evict(self, tier: str, nbytes: int, protected: Container[Hashable], now: float
+              ) -> list[Hashable] | None:
+        arc = self._t[tier]
+        victims = arc.index.take(arc.order(), nbytes, protected)
+        if victims is None:
+            return None
+        for k in victims:  # the engine removes them next: remember where they were
+            if k in arc.t1:
+                arc.b1[k] = None
+            else:
+                arc.b2[k] = None
+        for ghost in (arc.b1, arc.b2):
+            for _ in range(len(ghost) - arc.blocks):
+                ghost.popitem(last=False)
+        return victims
+
+
+class VLLMNativeLRU(AdmissionFilter):
+    """vLLM's CPU offloading with its LRU policy and ``store_threshold`` 2."""
+
+    name = "vllm-lru"
+
+    def __init__(self, tiers: Sequence[TierSpec], threshold: int = STORE_THRESHOLD) -> None:
+        super().__init__(tiers, LRUPolicy(tiers), threshold, TRACKER_SIZE)
+
+
+class VLLMNativeARC(AdmissionFilter):
+    """vLLM's CPU offloading with its ARC policy and ``store_threshold`` 2."""
+
+    name = "vllm-arc"
+
+    def __init__(self, tiers: Sequence[TierSpec], threshold: int = STORE_THRESHOLD) -> None:
+        super().__init__(tiers, ARCPolicy(tiers), threshold, TRACKER_SIZE)
