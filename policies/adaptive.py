@@ -49,9 +49,19 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Container, Hashable, Sequence
+from collections.abc import Container, Hashable, Iterable, Sequence
+from typing import Any, Self
 
-from kvstore.policies.base import BlockInfo, Hint, Move, Plan, Policy, RequestInfo, TierSpec
+from kvstore.policies.base import (
+    BlockInfo,
+    Hint,
+    Move,
+    Plan,
+    Policy,
+    PolicyConfig,
+    RequestInfo,
+    TierSpec,
+)
 from kvstore.policies.cost import CostModel
 from kvstore.policies.lru import LRUPolicy
 from kvstore.policies.workload import WorkloadPolicy
@@ -123,6 +133,15 @@ class AdaptivePolicy(Policy):
         self._backoff = 1  # probation length, in windows
         self._left = 0.0  # lookups left in the current probation or trial
         self._size = 1
+
+    @classmethod
+    def from_config(cls, config: PolicyConfig, **options: Any) -> Self:
+        """Takes the engine's cost model and its HBM keep limit (when given)."""
+        if config.cost is not None:
+            options["cost"] = config.cost
+        if config.hbm_keep_max_s is not None:
+            options["hbm_keep_max_s"] = config.hbm_keep_max_s
+        return cls(config.tiers, **options)
 
     # -- the score ----------------------------------------------------------------------
     def _start(self, block_bytes: int) -> LRUGhost:
@@ -208,8 +227,8 @@ class AdaptivePolicy(Policy):
         self.bets.on_remove(key, tier)
         self.lru.on_remove(key, tier)
 
-    def evict(self, tier: str, nbytes: int, protected: Container[Hashable], now: float
-              ) -> list[Hashable] | None:
+    def victims(self, tier: str, protected: Container[Hashable], now: float
+                ) -> Iterable[Hashable]:
         if self.leader == "bets":
-            return self.bets.evict(tier, nbytes, protected, now)
-        return self.lru.evict(tier, nbytes, protected, now)
+            return self.bets.victims(tier, protected, now)
+        return self.lru.victims(tier, protected, now)

@@ -14,17 +14,18 @@ moves a T1 block to T2 (a T2 block to its MRU end); a lookup of a block remember
 in ghost list B1 (evicted from T1) grows T1's target by ``max(1, |B2| / |B1|)``, one
 in B2 shrinks it by ``max(1, |B1| / |B2|)``; victims come from T1 while T1 holds at
 least its target, else from T2, and go to B1 or B2; each ghost list keeps at most
-the tier's capacity in blocks. Victims still go children before parents
-(:mod:`kvstore.policies._prefix`), as every policy here.
+the tier's capacity in blocks. A block leaving the tier goes to the ghost list of the
+queue it left (the engine's eviction manager, :mod:`kvstore.engine.eviction`, takes
+the victims in ARC's order, children before parents, as for every policy).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container, Hashable, Iterator, Sequence
+from collections.abc import Container, Hashable, Iterable, Iterator, Sequence
+from typing import Any, Self
 
-from kvstore.policies._prefix import ChildIndex
-from kvstore.policies.base import BlockInfo, Plan, Policy, RequestInfo, TierSpec
+from kvstore.policies.base import BlockInfo, Plan, Policy, PolicyConfig, RequestInfo, TierSpec
 from kvstore.policies.filter import AdmissionFilter
 from kvstore.policies.lru import LRUPolicy
 
@@ -36,7 +37,7 @@ TRACKER_SIZE = 64_000
 
 
 class _ARC:
-    __slots__ = ("b1", "b2", "blocks", "capacity", "index", "t1", "t2", "target")
+    __slots__ = ("b1", "b2", "blocks", "capacity", "t1", "t2", "target")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity  # bytes
@@ -46,9 +47,8 @@ class _ARC:
         self.t2: OrderedDict[Hashable, int] = OrderedDict()
         self.b1: OrderedDict[Hashable, None] = OrderedDict()
         self.b2: OrderedDict[Hashable, None] = OrderedDict()
-        self.index = ChildIndex()
 
-    def order(self) -> Iterator[tuple[Hashable, int]]:
+    def order(self) -> Iterator[Hashable]:
         """Candidates in ARC's order: T1 while it holds its target, then T2."""
         virtual = len(self.t1)
         t1, t2 = iter(self.t1.items()), iter(self.t2.items())
@@ -64,7 +64,7 @@ class _ARC:
                     item = next(t1, None)  # T2 is done: what is left of T1
                     if item is None:
                         return
-            yield item
+            yield item[0]
 
 
 class ARCPolicy(Policy):
@@ -102,7 +102,6 @@ class ARCPolicy(Policy):
         self._fresh.add(info.key)
         arc.b1.pop(info.key, None)
         arc.b2.pop(info.key, None)
-        arc.index.add(info.key, info.parent, info.size)
         arc.blocks = max(1, arc.capacity // max(info.size, 1))
 
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
@@ -117,26 +116,22 @@ class ARCPolicy(Policy):
             arc.t2.move_to_end(key)
 
     def on_remove(self, key: Hashable, tier: str) -> None:
+        """The block left the tier (an eviction, mostly): remember which queue it was
+        in, as ARC's eviction does."""
         arc = self._t[tier]
-        if arc.t1.pop(key, None) is None and arc.t2.pop(key, None) is None:
+        if arc.t1.pop(key, None) is not None:
+            ghost = arc.b1
+        elif arc.t2.pop(key, None) is not None:
+            ghost = arc.b2
+        else:
             return
-        arc.index.remove(key)
+        ghost[key] = None
+        while len(ghost) > arc.blocks:
+            ghost.popitem(last=False)
 
-    def evict(self, tier: str, nbytes: int, protected: Container[Hashable], now: float
-              ) -> list[Hashable] | None:
-        arc = self._t[tier]
-        victims = arc.index.take(arc.order(), nbytes, protected)
-        if victims is None:
-            return None
-        for k in victims:  # the engine removes them next: remember where they were
-            if k in arc.t1:
-                arc.b1[k] = None
-            else:
-                arc.b2[k] = None
-        for ghost in (arc.b1, arc.b2):
-            for _ in range(len(ghost) - arc.blocks):
-                ghost.popitem(last=False)
-        return victims
+    def victims(self, tier: str, protected: Container[Hashable], now: float
+                ) -> Iterable[Hashable]:
+        return self._t[tier].order()
 
 
 class VLLMNativeLRU(AdmissionFilter):
@@ -144,8 +139,11 @@ class VLLMNativeLRU(AdmissionFilter):
 
     name = "vllm-lru"
 
-    def __init__(self, tiers: Sequence[TierSpec], threshold: int = STORE_THRESHOLD) -> None:
-        super().__init__(tiers, LRUPolicy(tiers), threshold, TRACKER_SIZE)
+    @classmethod
+    def from_config(cls, config: PolicyConfig, **options: Any) -> Self:
+        options.setdefault("threshold", STORE_THRESHOLD)
+        options.setdefault("max_tracked", TRACKER_SIZE)
+        return cls(LRUPolicy(config.tiers), **options)
 
 
 class VLLMNativeARC(AdmissionFilter):
@@ -153,5 +151,8 @@ class VLLMNativeARC(AdmissionFilter):
 
     name = "vllm-arc"
 
-    def __init__(self, tiers: Sequence[TierSpec], threshold: int = STORE_THRESHOLD) -> None:
-        super().__init__(tiers, ARCPolicy(tiers), threshold, TRACKER_SIZE)
+    @classmethod
+    def from_config(cls, config: PolicyConfig, **options: Any) -> Self:
+        options.setdefault("threshold", STORE_THRESHOLD)
+        options.setdefault("max_tracked", TRACKER_SIZE)
+        return cls(ARCPolicy(config.tiers), **options)

@@ -10,6 +10,8 @@ from kvstore.policies.ttl import TTLPolicy
 from kvstore.policies.vllm_native import ARCPolicy
 from kvstore.policies.workload import WorkloadPolicy
 
+from kvstore.engine.eviction import EvictionManager
+
 B = 1
 ONE = [TierSpec("hbm", 10 * B, 1e13)]
 TWO = [TierSpec("hbm", 4 * B, 1e13), TierSpec("dram", 40 * B, 25e9)]
@@ -94,15 +96,16 @@ def test_vllm_native_stores_a_block_on_its_second_sighting() -> None:
 
 def test_arc_moves_its_target_on_ghost_hits_and_evicts_from_t1_first() -> None:
     pol = ARCPolicy([TierSpec("hbm", 4 * B)])
+    managed = EvictionManager(pol)  # the engine's view: victims read through it
     for k in range(4):
-        pol.on_insert(BlockInfo(k, B), "hbm", 0.0)
+        managed.on_insert(BlockInfo(k, B), "hbm", 0.0)
     pol.on_access(2, "hbm", 0.0)  # the engine touches what it just stored: still T1
     assert 2 in pol._t["hbm"].t1
     pol.on_request(RequestInfo([3], ["hbm"], "s", "chat", B, 512, 512), 1.0)
     pol.on_access(3, "hbm", 1.0)  # a second use: 3 is in T2 now
     assert 3 in pol._t["hbm"].t2
-    assert pol.evict("hbm", B, set(), 2.0) == [0]  # T1's oldest
-    pol.on_remove(0, "hbm")
+    assert managed.evict("hbm", B, set(), 2.0) == [0]  # T1's oldest
+    managed.on_remove(0, "hbm")  # the engine removes the victim: it goes to B1
     arc = pol._t["hbm"]
     assert 0 in arc.b1 and arc.target == 0.0
     pol.on_request(RequestInfo([0], [None], "s", "chat", B, 512, 512), 3.0)
