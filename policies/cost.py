@@ -9,8 +9,7 @@ GPU, with the Mooncake trace's 512-token blocks: one block is ~29.4 MB, and a
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from kvstore.policies.base import TierSpec
+from typing import Protocol
 
 __all__ = ["READ_BYTES_PER_S", "CostModel", "read_bytes_per_s"]
 
@@ -24,6 +23,15 @@ READ_BYTES_PER_S: dict[str, float] = {"hbm": 1e13, "dram": 20e9, "disk": 3e9, "r
 def read_bytes_per_s(tier: str) -> float:
     """Bandwidth of a tier by name (1 GB/s for a name the table does not know)."""
     return READ_BYTES_PER_S.get(tier, 1e9)
+
+
+class TierSpec(Protocol):
+    """What the cost model reads of a tier (:class:`kvstore.policies.base.TierSpec`;
+    named structurally so the policy interface, which carries a cost model, and the
+    model do not import each other)."""
+
+    @property
+    def read_bytes_per_s(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ def test_embedded_defaults_need_nothing():
     assert cfg.dram.enabled and cfg.disk.enabled
     assert cfg.dram.capacity == 2**30 and cfg.disk.capacity == 10 * 2**30
     assert str(cfg.disk_path).endswith("kvstore-data/disk")
-    assert cfg.engine.policy == "workload"
+    assert cfg.engine.policy == "adaptive"
 
 
 def test_toml_then_env_then_overrides(tmp_path):

@@ -28,7 +28,7 @@ def tier_limits(section: QuotaConfig | RetentionConfig) -> dict[str, int]:
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     #: Placement / eviction policy name (see ``kvstore.policies.available()``).
-    policy: str = "workload"
+    policy: str = "adaptive"
     #: Copy every new block to the next slower tier in the background
     #: (write-back), so a DRAM eviction is a drop and a crash loses little.
     write_back: bool = True
