@@ -61,7 +61,11 @@ async def test_a_retained_prefix_outlives_pressure_then_goes_after_its_ttl(polic
     clock.t += 300  # the TTL passes: the prefix is an ordinary block again
     for i in range(8):
         clock.t += 1
-        await put(eng, "m", new_blocks(4, seed=200 + i), f"t{i}")
+        fresh = new_blocks(4, seed=200 + i)
+        await put(eng, "m", fresh, f"t{i}")
+        # used again, as the prefix was: a frequency-aware order (ARC's T2) then ranks
+        # the prefix by recency among its peers, not above every one-time block
+        eng.lookup("m", [b.block_hash for b in fresh])
     assert in_tier(eng, "m", hashes, "dram") == 0
     await eng.close()
 
