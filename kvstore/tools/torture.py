@@ -24,9 +24,9 @@ The promise is 0 corrupt, 0 phantom, 0 lost, every block reported durable counte
 Every block reported durable in any iteration stays expected in all later ones (the
 disk tier is sized so that nothing is evicted from it), so restarts also re-verify
 older segments. ``--policy``: the engine's policy (``lru``, the default here, writes
-every block back at once, so a kill often lands inside a commit; ``workload``, the
-server's default, writes back what it values at once and the rest at the recovery
-point, ``disk.max_write_delay_s``).
+every block back at once, so a kill often lands inside a commit; ``adaptive``, the
+server's default, and ``workload`` write back what they value at once and the rest at
+the recovery point, ``disk.max_write_delay_s``).
 """
 
 from __future__ import annotations
@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--writers", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--policy", default="lru",
-                   help="engine policy (lru: write-back at once; workload: the server's default)")
+                   help="engine policy (lru: write-back at once; adaptive: the server's default)")
     p.add_argument("--dir", type=Path, default=None, help="where the data dir goes")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="kvtorture-") as tmp:

@@ -57,5 +57,5 @@ def test_replay_cli_against_a_server(server_factory, tmp_path: Path,
     assert cli.main(["replay", str(path), "--server", srv.address, "--speedup", "100",
                      "--payload-bytes", str(PAYLOAD), "--limit", "40", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "workload (live)" in out and "dram blocks" in out  # the server's default policy
+    assert "adaptive (live)" in out and "dram blocks" in out  # the server's default policy
     assert cli.main(["replay", str(path), "--server", srv.address, "--speedup", "0"]) == 2

@@ -27,11 +27,11 @@ def test_kill9_loop_loses_and_corrupts_nothing_reported_durable(tmp_path: Path) 
 
 
 def test_kill9_loop_under_the_default_policy(tmp_path: Path) -> None:
-    """The same under ``workload`` (the server's default policy): it writes back at once
-    only what it values, the rest at the recovery point; a DISK report still means the
-    block and its whole prefix are on disk."""
+    """The same under ``adaptive`` (the server's default policy: ``workload``'s bets,
+    guarded): it writes back at once only what it values, the rest at the recovery point;
+    a DISK report still means the block and its whole prefix are on disk."""
     lines: list[str] = []
-    res = torture.run(8, tmp_path, commit_every=2, policy="workload", log=lines.append)
+    res = torture.run(8, tmp_path, commit_every=2, policy="adaptive", log=lines.append)
     print("\n".join(lines))
     assert res.iterations == 8
     assert res.acknowledged > 0 and res.durable > 0, res.line()
