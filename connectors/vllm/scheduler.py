@@ -24,6 +24,10 @@ the next step's metadata (``holds``, with the hold time of a held tool-call
 gap, or 0), next to the requests preempted that step. Its turn-end hint waits
 until its saves are reported, so a hint that moves or drops the session's
 blocks never races its last saves.
+
+Why past ~400 lines: this is one vLLM interface (the scheduler half of
+``KVConnectorBase_V1``), whose hooks share each request's state; what is pure is
+already apart (:mod:`.plans`, :mod:`.sessions`, :mod:`.metadata`, :mod:`.rows`).
 """
 
 from __future__ import annotations

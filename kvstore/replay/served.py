@@ -28,6 +28,10 @@ will never come back) unless ``trust_end`` says the trace's client knows it.
 Decode blocks are named by the session's next request where it shares this
 request's full prompt blocks (the output is sent back as the next prompt), else by
 fresh ids nothing asks for again; the name is the content's, not a decision.
+
+Why past ~400 lines: one event loop whose phases (arrive, schedule, prefill end,
+finish, hold expiry) share each run's state; the engine cache
+(:mod:`~kvstore.replay.engine_cache`) and the timed mover are their own modules.
 """
 
 from __future__ import annotations
