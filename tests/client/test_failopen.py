@@ -223,3 +223,13 @@ def test_calls_run_concurrently(cls: Any) -> None:
     for t in threads:
         t.join(10)
     assert len(results) == 4 and 0 not in results  # all four were inside at once
+
+
+@pytest.mark.parametrize("cls", LINKS, ids=lambda c: c.__name__)
+def test_a_client_that_cannot_be_built_is_an_outage(cls: Any) -> None:
+    def factory(address: str, timeout: float) -> Any:
+        raise OSError("connection refused")
+
+    link = cls("127.0.0.1:1", 1.0, 2.0, client_factory=factory, clock=Clock())
+    assert link.call("lookup", _lookup, -1) == -1
+    assert not link.is_up and link.stats.failures == 1
