@@ -76,6 +76,11 @@ class LeaseRead:
 #: Blocks per shared-memory batch (one Reserve/Commit pair), bounded by bytes too.
 BATCH_BYTES = 32 * 2**20
 BATCH_BLOCKS = 256
+#: Blocks per in-place put's Reserve/Commit pair (``put_in_place``): a request's
+#: blocks in one pair, up to these bounds (the server's commit only records what the
+#: writer checksummed, so there is no server work left to overlap with the copy).
+RESERVE_BYTES = 256 * 2**20
+RESERVE_BLOCKS = 4096
 #: Bytes per gRPC Put message: measured on loopback, 1 MiB messages stream ~4x
 #: faster than 16 MiB ones (grpc's flow control and copies favour small frames).
 GRPC_MESSAGE_BYTES = 2**20
@@ -200,12 +205,12 @@ def header(b: BlockData | BlockSpec, size: int) -> pb.BlockHeader:
                           token_ids=list(b.token_ids), size=size)
 
 
-def batch_bounds(sizes: Sequence[int], max_bytes: int = BATCH_BYTES
-                 ) -> Iterator[tuple[int, int]]:
-    """``(start, end)`` of batches of at most BATCH_BLOCKS blocks / ~max_bytes bytes."""
+def batch_bounds(sizes: Sequence[int], max_bytes: int = BATCH_BYTES,
+                 max_blocks: int = BATCH_BLOCKS) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of batches of at most max_blocks blocks / ~max_bytes bytes."""
     start, size = 0, 0
     for i, n in enumerate(sizes):
-        if i > start and (size + n > max_bytes or i - start >= BATCH_BLOCKS):
+        if i > start and (size + n > max_bytes or i - start >= max_blocks):
             yield start, i
             start, size = i, 0
         size += n

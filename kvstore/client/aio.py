@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
+import xxhash
 
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
@@ -139,6 +140,7 @@ class AsyncKVStoreClient:
                 region = self._segments.region(d)
                 region[:] = b.payload
                 region.release()
+                d.checksum = xxhash.xxh3_64_intdigest(b.payload)  # recorded by the server
                 slots.append(d)
                 headers.append(header(b, len(b.payload)))
         except BaseException:

@@ -224,7 +224,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                  for d, h in zip(request.slots, request.headers, strict=True)]
         stored = await self._plane().commit(request.namespace, items, request.session_id,
                                             request.workload, owner=_owner(context),
-                                            request_id=_rid(request.request_id))
+                                            request_id=_rid(request.request_id),
+                                            checksums=[d.checksum for d in request.slots])
         return pb.CommitResponse(stored=stored)
 
     @_unary
