@@ -139,3 +139,13 @@ def test_a_writer_whose_checksum_lies_is_caught_at_the_first_read(server, shared
         server.drain()
         # dropped (its copy to disk refused the mismatch too): the prefix ends before it
         assert c.lookup("m", hashes).num_hit == 1
+
+
+def test_stats_report_the_event_loops_lag(server):
+    with grpc.insecure_channel(server.address) as ch:
+        stub = pb_grpc.KVStoreStub(ch)
+        stub.Stats(pb.StatsRequest())
+        threading.Event().wait(0.3)
+        lag = stub.Stats(pb.StatsRequest(loop_lag_window_s=60)).loop_lag
+    assert lag.samples >= 10  # one every 5 ms while the server ran
+    assert 0 <= lag.p50_ms <= lag.p99_ms <= lag.max_ms < 60_000
