@@ -218,10 +218,10 @@ def batch_bounds(sizes: Sequence[int], max_bytes: int = BATCH_BYTES,
         yield start, len(sizes)
 
 
-def batches(blocks: Sequence[BlockData], max_bytes: int = BATCH_BYTES
-            ) -> Iterator[Sequence[BlockData]]:
-    """Split into batches of at most BATCH_BLOCKS blocks / ~max_bytes bytes."""
-    for start, end in batch_bounds([len(b.payload) for b in blocks], max_bytes):
+def batches(blocks: Sequence[BlockData], max_bytes: int = BATCH_BYTES,
+            max_blocks: int = BATCH_BLOCKS) -> Iterator[Sequence[BlockData]]:
+    """Split into batches of at most max_blocks blocks / ~max_bytes bytes."""
+    for start, end in batch_bounds([len(b.payload) for b in blocks], max_bytes, max_blocks):
         yield blocks[start:end]
 
 
