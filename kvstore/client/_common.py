@@ -77,10 +77,11 @@ class LeaseRead:
 BATCH_BYTES = 32 * 2**20
 BATCH_BLOCKS = 256
 #: Blocks per in-place put's Reserve/Commit pair (``put_in_place``): a request's
-#: blocks in one pair, up to these bounds (the server's commit only records what the
-#: writer checksummed, so there is no server work left to overlap with the copy).
-RESERVE_BYTES = 256 * 2**20
-RESERVE_BLOCKS = 4096
+#: blocks in one pair up to these bounds (a vLLM request's save, 127 x 768 KiB, is
+#: one); a larger put is pipelined in pairs of this size (the server reserves and
+#: commits one while the client copies the next).
+RESERVE_BYTES = 128 * 2**20
+RESERVE_BLOCKS = 1024
 #: Bytes per gRPC Put message: measured on loopback, 1 MiB messages stream ~4x
 #: faster than 16 MiB ones (grpc's flow control and copies favour small frames).
 GRPC_MESSAGE_BYTES = 2**20

@@ -149,3 +149,36 @@ def test_stats_report_the_event_loops_lag(server):
         lag = stub.Stats(pb.StatsRequest(loop_lag_window_s=60)).loop_lag
     assert lag.samples >= 10  # one every 5 ms while the server ran
     assert 0 <= lag.p50_ms <= lag.p99_ms <= lag.max_ms < 60_000
+
+
+def test_a_large_delete_lets_the_event_loop_run_other_calls(server_factory):
+    import asyncio
+
+    server = server_factory(disk={"enabled": False})  # DRAM deletes never wait on I/O
+    blocks = make_chain(1024, 4 * KiB, seed=15)
+    with KVStoreClient(server.address, shared_memory=True) as c:
+        assert c.put("m", blocks) == 1024
+
+    async def race() -> tuple[int, int]:
+        ticks = 0
+        done = asyncio.Event()
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not done.is_set():
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.get_running_loop().create_task(ticker())
+        await asyncio.sleep(0)
+        before = ticks
+        deleted = await server.engine.delete("m", [])
+        done.set()
+        await task
+        return deleted, ticks - before
+
+    deleted, ran = server.run(race())
+    assert deleted == 1024
+    assert ran >= 3  # other calls ran while the 1,024 blocks were deleted
+    with KVStoreClient(server.address) as c:
+        assert c.lookup("m", [b.block_hash for b in blocks]).num_hit == 0
