@@ -8,7 +8,6 @@ of start.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from pathlib import Path
@@ -164,11 +163,6 @@ class KVStoreServer:
             self.engine.shared = SharedPrefix(self.engine, "redis",
                                               write_through=cfg.redis.write_through)
         self.recovered = await self.engine.start()
-        # What start-up made (modules, stubs, the recovered index) lives as long as the
-        # server: keep it out of the collector's full passes, which otherwise walk it
-        # on the event loop (measured here: 70 ms pauses under a save storm).
-        gc.collect()
-        gc.freeze()
 
         opts = [
             ("grpc.max_receive_message_length", cfg.server.max_message_bytes),
