@@ -36,10 +36,9 @@ def faults(path: Path) -> dict[str, Any]:
 
 def main() -> int:
     faults_file = Path(sys.argv[1])
+    from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
     from kvstore.cli import main as kvstore_main
     from kvstore.server.servicer import KVStoreServicer
-
-    from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 
     acquire = KVStoreServicer.Acquire
 
