@@ -54,14 +54,13 @@ class InflightLoads:
         self.clock = clock
         self._running: list[_Inflight] = []
         self._late: list[LayerwiseLoad] = []  # given up, staging buffers not back yet
-        self._pool = threads.pool(1, "kvstore-async-load")
+        # Two: a job given up while its call still waits for the sidecar (until the
+        # call's own deadline) does not hold up the next step's.
+        self._pool = threads.pool(2, "kvstore-async-load")
         self._any_done = threading.Condition()
 
     def __len__(self) -> int:
         return len(self._running)
-
-    def busy(self, req_id: str) -> bool:
-        return any(p.req_id == req_id for item in self._running for p in item.plans)
 
     def start_direct(self, plans: Sequence[LoadPlan], job: LoadJob, load: DirectLoad) -> None:
         item = _Inflight(list(plans), job, self.clock() + self.timeout_s)
