@@ -54,7 +54,7 @@ def test_a_sidecar_hit_loads_off_the_step_and_matches_recompute(
     token's was loaded, and the tokens equal those of an engine that recomputes."""
     hit, ref = results["hit"], results["ref"]["hit"]
     assert results["stored"]["hit"]["kv"]["loaded_tokens"] == 0
-    assert hit["kv"]["async_loads"] == 1, hit["kv"]
+    assert hit["kv"].get("async_loads") == 1, hit["kv"]
     assert hit["kv"]["loaded_tokens"] == (700 - 1) // BLOCK * BLOCK
     assert hit["kv"]["load_failed_tokens"] == 0
     assert hit["num_cached_tokens"] >= hit["kv"]["loaded_tokens"]
@@ -68,14 +68,15 @@ def test_a_slowed_load_does_not_stall_the_decoding_streams(results: dict[str, An
     the window, no gap anywhere near the delay), and its answer is the recompute's."""
     stall, delay = results["stall"], results["stall_delay_s"]
     kv = stall["kv"]
-    assert kv["async_loads"] == 1 and kv["loaded_tokens"] == 46 * BLOCK, kv
+    assert kv["loaded_tokens"] == 46 * BLOCK, kv
     assert kv["load_ms"] >= delay * 1e3  # the slowdown really happened
     assert stall["ttft_s"] >= delay
     assert stall["tokens"] == results["ref"]["stall"]
-    # While it loaded, each of the four streams kept producing tokens ...
-    assert stall["stream_tokens"] >= 4 * 20, stall["stream_tokens"]
-    # ... and none of them waited for the load (synchronously: max gap >= the delay).
+    # None of the streams waited for the load (synchronously: max gap >= the delay) ...
     assert stall["max_ms"] < delay * 1e3 / 2, stall["max_ms"]
+    # ... and while it loaded each of the four kept producing tokens.
+    assert stall["stream_tokens"] >= 4 * 20, stall["stream_tokens"]
+    assert kv.get("async_loads") == 1, kv
 
 
 def test_a_load_that_loses_blocks_mid_way_recomputes_the_rest(
@@ -84,7 +85,7 @@ def test_a_load_that_loses_blocks_mid_way_recomputes_the_rest(
     the rest recomputed from the first lost one, the same answer as a recompute."""
     mid = results["midway"]
     kv = mid["kv"]
-    assert kv["async_loads"] == 1, kv
+    assert kv.get("async_loads") == 1, kv
     assert kv["loaded_tokens"] == 5 * BLOCK and kv["load_failed_tokens"] == 13 * BLOCK, kv
     assert mid["tokens"] == results["ref"]["midway"]
 
@@ -95,7 +96,7 @@ def test_a_load_slower_than_the_timeout_is_given_up_and_recomputed(
     waited for to the end), every block recomputed, the answer the recompute's."""
     late = results["late"]
     kv = late["kv"]
-    assert kv["async_loads"] == 1 and kv["loaded_tokens"] == 0, kv
+    assert kv.get("async_loads") == 1 and kv["loaded_tokens"] == 0, kv
     assert kv["load_failed_tokens"] == 15 * BLOCK, kv
     assert results["timeout_s"] <= late["seconds"] < results["late_delay_s"]
     assert late["tokens"] == results["ref"]["late"]
