@@ -28,6 +28,7 @@ import gc
 import json
 import os
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -111,6 +112,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--block-size", type=int, default=64)
     ap.add_argument("--delay-s", type=float, default=2.0)
+    ap.add_argument("--seed", type=int, default=0, help="of the prompts")
     ap.add_argument("--modes", nargs="+", default=["async", "sync"], choices=["async", "sync"])
     args = ap.parse_args()
     work = Path(args.workdir)
@@ -122,10 +124,13 @@ def main() -> None:
         "dram": {"capacity": "3GiB"}, "engine": {"policy": "workload"}}
     started = time.time()
     results: dict[str, Any] = {}
+    # A fresh sidecar: a disk tier left by an earlier run would turn "recompute" into a hit.
+    shutil.rmtree(work / "stall-sidecar", ignore_errors=True)
     with Sidecar(faulty_sidecar(args.kvstore_bin, faults), work / "stall-sidecar",
                  config=config) as sidecar:
         for i, mode in enumerate(args.modes):
-            results[mode] = run_mode(mode, args, model_dir, sidecar, faults, seed=i)
+            results[mode] = run_mode(mode, args, model_dir, sidecar, faults,
+                                     seed=args.seed + i)
     load = os.getloadavg()
     print(json.dumps({"model": BENCH_LLAMA, "tokens": args.tokens, "delay_s": args.delay_s,
                       "block_size": args.block_size, "started": started,
