@@ -425,8 +425,9 @@ class SchedulerSide:
                 "event_claimed": tracked.turn.event,
                 "sidecar_hit_tokens": tracked.sidecar_blocks * bs,
                 "hit_media": {m: tracked.hit_media.count(m) for m in set(tracked.hit_media)},
-                # A failed sync load reschedules the request, so by its finish
-                # every failure is known; confirmations of the last step are not.
+                # A failed sync load reschedules the request and an asynchronous
+                # one reports its failures with its receive, so by its finish every
+                # failure is known; confirmations of a sync load's last step are not.
                 "loaded_tokens": (tracked.planned_load_blocks - tracked.load_failed_blocks) * bs,
                 "load_failed_tokens": tracked.load_failed_blocks * bs,
                 "load_ms": round(tracked.load_ms, 3),
