@@ -165,10 +165,12 @@ def run_real(args: argparse.Namespace, reqs: Sequence[Any], prompts: Prompts,
 
     bs = args.block_size
     payload = block_payload_bytes(bs)
-    model_dir = build_tiny_llama(work / "tiny-llama")
     toks = [prompts.tokens(r) for r in reqs]
     longest = max(len(t) for t in toks)
     max_len = -(-(longest + 1) // bs) * bs
+    positions = max(TINY_LLAMA["max_position_embeddings"], 1 << (max_len - 1).bit_length())
+    model_dir = build_tiny_llama(work / f"tiny-llama-{positions}",
+                                 max_position_embeddings=positions)
     if max_len // bs > args.engine_blocks:
         raise SystemExit(f"--engine-blocks {args.engine_blocks} cannot hold the slice's "
                          f"longest prompt ({longest} tokens = {max_len // bs} blocks): "
@@ -235,6 +237,7 @@ def run_real(args: argparse.Namespace, reqs: Sequence[Any], prompts: Prompts,
 def run_replay(reqs: Sequence[Any], policy: str, engine_blocks: int, dram_blocks: int,
                hold_budget: int, hold_max_s: float, trust_end: bool) -> dict[str, Any]:
     from kvstore.policies.cost import CostModel
+
     from kvstore.replay.driver import TierBudget
     from kvstore.replay.served import EngineModel, ServedConfig, replay_served
 
