@@ -102,7 +102,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
                         "topology used, on a trace whose blocks are all full; that one "
                         "also stored a partial last block, as no engine does)")
     p.add_argument("--no-after", action="store_true",
-                   help="drop every after from the trace (the ablation without hints)")
+                   help="drop every after from the trace (the ablation without hints: "
+                        "every turn ends as a plain turn_end, the connector's default)")
     p.add_argument("--prefill-tps", type=float, default=CostModel().prefill_tokens_per_s,
                    help="prefill tokens/s of the cost model and the engine model "
                         "(default %(default)s)")

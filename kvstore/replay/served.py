@@ -28,7 +28,8 @@ Each request is played as a vLLM worker with the connector plays it:
 
 What the client cannot know is not sent: the trace's ``end`` (a session's last
 request) becomes a plain ``turn_end`` (a client sees the answer, not that the user
-will never come back) unless ``trust_end`` says the trace's client knows it.
+will never come back) unless ``trust_end`` says the trace's client knows it. A
+request without ``after`` is a ``turn_end`` too, as the connector sends it.
 Decode blocks are named by the session's next request where it shares this
 request's full prompt blocks (the output is sent back as the next prompt), else by
 fresh ids nothing asks for again; the name is the content's, not a decision.
@@ -275,10 +276,12 @@ class ServedReplay:
                                   request_id=run.rid, spill=False)
 
     def _then(self, req: Request) -> tuple[str, str]:
-        """(hint event, tool) of what the client knows its turn ends with."""
+        """(hint event, tool) of what the client knows its turn ends with. A client that
+        says nothing gets the connector's default, a plain turn end
+        (``connectors/vllm/sessions.py``: ``after`` defaults to ``user``)."""
         after = req.after
         if after is None:
-            return "", ""
+            return HINT_EVENT["user"], ""
         kind = after.kind
         if kind == "end" and not self.config.trust_end:
             kind = "user"
