@@ -50,7 +50,8 @@ def result(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> dict[s
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert lines, f"no JSON from bench_slice:\n{proc.stdout[-2000:]}"
     data: dict[str, Any] = json.loads(lines[-1])
-    data["_table"] = proc.stdout
+    data["_table"] = "\n".join(ln for ln in proc.stdout.splitlines()
+                                if ln.startswith(("|", "slice:", "replay ")))
     return data
 
 
