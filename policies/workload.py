@@ -39,7 +39,7 @@ call, a user turn, nothing).
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Container, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
@@ -56,6 +56,7 @@ from kvstore.policies.base import (
     TierSpec,
 )
 from kvstore.policies.cost import CostModel
+from kvstore.policies.holds import HoldLedger, PendingHold
 from kvstore.policies.returns import ReturnTimes
 
 __all__ = ["WorkloadPolicy"]
@@ -96,6 +97,10 @@ class _Session:
     #: the wait counts toward learning (a real wait, not one a hint replaced at once)
     learning: bool = False
     gap: float | None = None  # a hint's expected gap, when the client gave one
+    #: the keep considered for its last request, judged when it is back
+    hold: PendingHold | None = None
+    #: its last request's full blocks and the key of the last of them
+    full: tuple[int, Hashable] | None = None
 
 
 class WorkloadPolicy(Policy):
@@ -103,10 +108,19 @@ class WorkloadPolicy(Policy):
 
     def __init__(self, tiers: Sequence[TierSpec], cost: CostModel | None = None,
                  window_s: float = 60.0, margin: float = 1.5, keep_gap_s: float = 30.0,
-                 max_sessions: int = 200_000, hbm_keep_max_s: float = 10.0) -> None:
+                 max_sessions: int = 200_000, hbm_keep_max_s: float = 10.0,
+                 hold_bar: float = 0.5) -> None:
         super().__init__(tiers)
         self.hbm_keep_max_s = hbm_keep_max_s
         self.cost = cost or CostModel()
+        #: whether the keeps of each class paid (judged at every return)
+        self.holds = HoldLedger(hold_bar)
+        #: (end of the keep, session, the keep) in the order their waits began
+        self._hold_ends: deque[tuple[float, Hashable, PendingHold]] = deque()
+        block_s = self.cost.recompute_s(self.cost.block_tokens)
+        #: per tier: the share of a block's prefill a hold gains over a load from it
+        self._hold_w = {t.name: 1.0 - min(1.0, self.cost.saved_s(t) / block_s)
+                        for t in tiers}
         self.window_s = window_s
         self._vcache: dict[tuple[Hashable, int], float] = {}
         self.margin = margin
@@ -249,7 +263,10 @@ class WorkloadPolicy(Policy):
         if req.worth:
             self._worth = tuple(req.worth)
         name = req.session_id
+        self._expire_holds(now)
         s = self._session(name, req.workload)
+        if s.hold is not None:
+            self._judge_hold(s, req, now)
         if s.turns:
             if s.learning:
                 self.returns.returned(s.cls, now - s.since)
@@ -270,8 +287,8 @@ class WorkloadPolicy(Policy):
         admit: dict[Hashable, str] = {}
         if missing and not req.block_bytes:  # sizes unknown yet: the fastest worthy tier
             top = next((t.name for i, t in enumerate(self.tiers) if self._worth[i]), None)
-            return Plan({keys[j]: top for j in missing} if top else {},
-                        keep_s=self._keep_s(s, req))
+            admit = {keys[j]: top for j in missing} if top else {}
+            return Plan(admit, keep_s=self._keep_s(s, req, admit))
         if missing:
             value = self._newcomer(s)
             size = req.block_bytes
@@ -284,25 +301,109 @@ class WorkloadPolicy(Policy):
                 for _ in range(n):
                     admit[keys[next(it)]] = spec.name
                 left -= n
-        return Plan(admit, keep_s=self._keep_s(s, req))
+        return Plan(admit, keep_s=self._keep_s(s, req, admit))
 
-    def _keep_s(self, s: _Session, req: RequestInfo) -> float:
-        """HBM keep: how long the engine should hold this request's blocks after it ends.
-        Only for a turn that ends waiting (on a tool or the user): for the gap the client
+    # -- the HBM keep -------------------------------------------------------------------
+    @staticmethod
+    def _full(req: RequestInfo) -> int:
+        """Full blocks of the request (what the engine caches and a keep holds)."""
+        n = len(req.keys)
+        return n - 1 if n and 0 < req.last_tokens < req.block_tokens else n
+
+    def _hold_gain(self, tiers: Sequence[str | None], n: int) -> float:
+        """Share of ``n`` held blocks' prefill a keep gains over the sidecar serving
+        the prefix ``tiers`` says it has (a block past that prefix: all of it)."""
+        w = self._hold_w
+        gained = 0.0
+        j = 0
+        for t in tiers[:n]:
+            if t is None or t not in w:
+                break
+            gained += w[t]
+            j += 1
+        return (gained + n - j) / n
+
+    def _watch_hold(self, name: Hashable, s: _Session, now: float) -> None:
+        """The wait a keep was considered for starts now: if the session is not back
+        by the keep's end, the keep gained nothing (:meth:`_expire_holds`)."""
+        h = s.hold
+        if h is not None:
+            self._hold_ends.append((now + h.keep_s, name, h))
+            if len(self._hold_ends) > self.max_sessions:
+                self._hold_ends.popleft()  # bounded: its session's return judges it
+
+    def _expire_holds(self, now: float) -> None:
+        """Judge 0 the keeps whose session was not back by their end (a session that
+        never comes back counts: its keep pinned the engine's memory for nothing)."""
+        ends = self._hold_ends
+        while ends and ends[0][0] < now:
+            _, name, h = ends.popleft()
+            s = self._sessions.get(name)
+            if s is not None and s.hold is h:
+                s.hold = None
+                self.holds.judge(h.cls, 0.0)
+
+    def _judge_hold(self, s: _Session, req: RequestInfo, now: float) -> None:
+        """The session is back: would the keep considered for its last request have
+        paid? Only if it is back within the keep, asking for the prefix that was held,
+        and the sidecar would not serve that prefix as fast itself."""
+        h = s.hold
+        s.hold = None
+        if h is None:
+            return
+        n = h.blocks
+        keys = req.keys
+        if now - s.since > h.keep_s or len(keys) < n or keys[n - 1] != h.last:
+            self.holds.judge(h.cls, 0.0)
+            return
+        worth = req.worth or self._worth
+        tiers = [t if t is not None and worth[self._order[t]] else None
+                 for t in req.hit_tiers[:n]]
+        self.holds.judge(h.cls, self._hold_gain(tiers, n))
+
+    def _keep_s(self, s: _Session, req: RequestInfo, admit: dict[Hashable, str]) -> float:
+        """The keep the wait's class would get (:meth:`_keep_for`), asked only where
+        it pays: once the class's past keeps are judged (:class:`HoldLedger`), if they
+        won at least the ledger's ``bar`` of what they held; before that, for the gap
+        the client gave, or if the sidecar will not hold this request's prefix in a
+        tier nearly as fast as the engine (refused, or in a slow tier), so that a
+        return would recompute or slowly load most of it. Every keep considered is
+        judged when the session is back, asked or not."""
+        s.hold = None
+        n = self._full(req)
+        s.full = (n, req.keys[n - 1]) if n > 0 else None
+        wait = _WAIT.get(req.then)
+        tool = self._tool(s.workload, req.tool) if wait == "tool" else ""
+        keep = self._keep_for(s, wait, tool, req.expected_gap_s)
+        if keep <= 0.0 or n <= 0:
+            return 0.0
+        cls = (s.workload, wait, tool)
+        s.hold = PendingHold(cls, keep, n, req.keys[n - 1])
+        pays = self.holds.pays(cls)
+        if pays is not None:
+            return keep if pays else 0.0
+        if req.expected_gap_s is not None:
+            return keep
+        plan = [t if t is not None else admit.get(k)
+                for k, t in zip(req.keys[:n], req.hit_tiers[:n], strict=True)]
+        return keep if self._hold_gain(plan, n) >= self.holds.bar else 0.0
+
+    def _keep_for(self, s: _Session, wait: str | None, tool: str, gap: float | None
+                  ) -> float:
+        """The keep considered (asked only where it pays, :meth:`_keep_s`): how long the
+        engine would hold this request's blocks after it ends. Only for a turn that ends waiting (on a tool or the user): for the gap the client
         gave, if it is at most ``hbm_keep_max_s``; else if most sessions of the wait's
         class (learned per tool, as for eviction) were back within ``hbm_keep_max_s``,
         until nine in ten of those are. Before a class has ``_KEEP_MIN_WAITS`` waits of
-        its own, the hint decides: a tool call is held for the whole bound (tools
-        answer in seconds, and the hold costs the sidecar no room), a user turn is not
-        (people answer in minutes). Otherwise 0: release (offload what was saved)."""
-        wait = _WAIT.get(req.then)
+        its own, the hint decides: a tool call is considered for the whole bound (tools
+        answer in seconds), a user turn is not (people answer in minutes). Otherwise 0:
+        release (offload what was saved)."""
         limit = self.hbm_keep_max_s
         if limit <= 0 or wait not in ("tool", "user"):
             return 0.0
-        gap = req.expected_gap_s
         if gap is not None:
             return gap if 0.0 < gap <= limit else 0.0
-        cls = self._cls(s, wait, self._tool(s.workload, req.tool) if wait == "tool" else "")
+        cls = self._cls(s, wait, tool)
         if self.returns.waits(cls) < _KEEP_MIN_WAITS:
             return limit if wait == "tool" else 0.0
         back = self.returns.back_by(cls, limit)
@@ -343,6 +444,15 @@ class WorkloadPolicy(Policy):
             self.follows.setdefault(s.workload, Counter())[wait] += 1
         tool = self._tool(s.workload, hint.tool) if wait == "tool" else ""
         self._wait(name, s, wait, tool, now, hint.expected_gap_s)
+        if wait in ("tool", "user"):
+            if s.hold is None and s.full is not None:  # no ``then`` at its lookup
+                keep = self._keep_for(s, wait, tool, hint.expected_gap_s)
+                if keep > 0.0:
+                    s.hold = PendingHold((s.workload, wait, tool), keep, *s.full)
+            self._watch_hold(name, s, now)
+        elif wait == "end" and s.hold is not None:  # it will not be back: gained nothing
+            self.holds.judge(s.hold.cls, 0.0)
+            s.hold = None
         if hint.event == "session_end" or len(self.tiers) < 2:
             return []  # an ended session is worth nothing: its blocks are the first to go
         top = self.tiers[0].name

@@ -154,8 +154,10 @@ def test_hbm_keep_learned_from_how_soon_the_class_comes_back() -> None:
     kept = keep(pol, "new", now, "tool_call")
     assert 10.0 <= kept <= 20.0, kept
     assert keep(pol, "new2", now, "turn_end") == 0.0
-    fresh = WorkloadPolicy(ONE)  # nothing learned: the hint decides (see test_adaptive)
-    assert keep(fresh, "fresh", 0.0, "tool_call") == fresh.hbm_keep_max_s
+    # Nothing learned: a tool call is kept only where the sidecar will not hold its
+    # prefix (here it has room: not kept; see test_adaptive).
+    fresh = WorkloadPolicy(ONE)
+    assert keep(fresh, "fresh", 0.0, "tool_call") == 0.0
     assert keep(fresh, "fresh2", 0.0, "turn_end") == 0.0
     short = WorkloadPolicy(ONE, hbm_keep_max_s=5.0)
     now = train(short)
