@@ -101,6 +101,8 @@ class _Session:
     hold: PendingHold | None = None
     #: its last request's full blocks and the key of the last of them
     full: tuple[int, Hashable] | None = None
+    #: its last lookup said what the turn ends with (the keep was considered there)
+    told: bool = False
 
 
 class WorkloadPolicy(Policy):
@@ -372,6 +374,7 @@ class WorkloadPolicy(Policy):
         s.hold = None
         n = self._full(req)
         s.full = (n, req.keys[n - 1]) if n > 0 else None
+        s.told = bool(req.then)
         wait = _WAIT.get(req.then)
         tool = self._tool(s.workload, req.tool) if wait == "tool" else ""
         keep = self._keep_for(s, wait, tool, req.expected_gap_s)
@@ -388,8 +391,8 @@ class WorkloadPolicy(Policy):
                 for k, t in zip(req.keys[:n], req.hit_tiers[:n], strict=True)]
         return keep if self._hold_gain(plan, n) >= self.holds.bar else 0.0
 
-    def _keep_for(self, s: _Session, wait: str | None, tool: str, gap: float | None
-                  ) -> float:
+    def _keep_for(self, s: _Session, wait: str | None, tool: str, gap: float | None,
+                  keep: bool = True) -> float:
         """The keep considered (asked only where it pays, :meth:`_keep_s`): how long the
         engine would hold this request's blocks after it ends. Only for a turn that ends waiting (on a tool or the user): for the gap the client
         gave, if it is at most ``hbm_keep_max_s``; else if most sessions of the wait's
@@ -406,11 +409,11 @@ class WorkloadPolicy(Policy):
         cls = self._cls(s, wait, tool)
         if self.returns.waits(cls) < _KEEP_MIN_WAITS:
             return limit if wait == "tool" else 0.0
-        back = self.returns.back_by(cls, limit)
+        back = self.returns.back_by(cls, limit, keep)
         if back < 0.5:
             return 0.0
         t = limit / 64
-        while t < limit and self.returns.back_by(cls, t) < 0.9 * back:
+        while t < limit and self.returns.back_by(cls, t, keep) < 0.9 * back:
             t *= 2
         return min(t, limit)
 
@@ -445,8 +448,8 @@ class WorkloadPolicy(Policy):
         tool = self._tool(s.workload, hint.tool) if wait == "tool" else ""
         self._wait(name, s, wait, tool, now, hint.expected_gap_s)
         if wait in ("tool", "user"):
-            if s.hold is None and s.full is not None:  # no ``then`` at its lookup
-                keep = self._keep_for(s, wait, tool, hint.expected_gap_s)
+            if not s.told and s.full is not None:  # no ``then`` at its lookup
+                keep = self._keep_for(s, wait, tool, hint.expected_gap_s, keep=False)
                 if keep > 0.0:
                     s.hold = PendingHold((s.workload, wait, tool), keep, *s.full)
             self._watch_hold(name, s, now)
