@@ -67,11 +67,11 @@ def test_a_keep_is_asked_only_where_it_paid() -> None:
             pol.on_hint(Hint(s, "tool_call", "agent", tool), [], now)
             back(pol, s, [*keys, 5], [served] * 3 + [None], now + gap)
         now += 100.0
-    assert pol.holds.gain(("agent", "tool", "grep")) == 1.0
-    assert pol.holds.gain(("agent", "tool", "cat")) < 0.1
     assert pol.on_request(look3("new1", "tool_call", "grep"), now).keep_s >= 2.0
     assert pol.on_request(look3("new2", "tool_call", "cat"), now).keep_s == 0.0
     assert pol.on_request(look3("new3", "tool_call", "build"), now).keep_s == 0.0
+    assert pol.holds.gain(("agent", "tool", "grep")) == 1.0
+    assert pol.holds.gain(("agent", "tool", "cat")) < 0.1
 
 
 def test_a_return_that_asks_for_another_prefix_gains_nothing() -> None:
@@ -83,8 +83,8 @@ def test_a_return_that_asks_for_another_prefix_gains_nothing() -> None:
         pol.on_request(RequestInfo([1, 2, 3 + 10 * i], [None] * 3, s, "agent", B, 512, 512,
                                    then="tool_call", tool="grep"), 0.0)
         back(pol, s, [1, 2, 4 + 10 * i], [None] * 3, 1.0)
-    assert pol.holds.gain(("agent", "tool", "grep")) == 0.0
     assert pol.on_request(look3("new", "tool_call", "grep"), 2.0).keep_s == 0.0
+    assert pol.holds.gain(("agent", "tool", "grep")) == 0.0
 
 
 def test_the_keep_comes_from_the_hints_whoever_leads() -> None:
