@@ -35,6 +35,15 @@ call, a user turn, nothing).
   prefetches its blocks into the fastest tier; a wait whose expected gap (the
   hint's, else the class's median) is longer than ``keep_gap_s`` moves its
   blocks out of the fastest tier.
+* The HBM keep (``Plan.keep_s``: the engine holds a finished request's blocks
+  for the session's next request) is asked only where it pays: every keep
+  considered (a tool call or user turn whose class is back soon) is judged when
+  the session is back, held or not (:mod:`~kvstore.policies.holds`): was it back
+  within the keep, for the prefix held, and would the sidecar not have served
+  that prefix nearly as fast itself? A class whose keeps gain less than half of
+  what they pin asks none. Before a class is judged, a keep is asked for the gap
+  the client gave, or where the sidecar will not hold the request's prefix in a
+  fast tier.
 """
 
 from __future__ import annotations
@@ -340,10 +349,11 @@ class WorkloadPolicy(Policy):
         ends = self._hold_ends
         while ends and ends[0][0] < now:
             _, name, h = ends.popleft()
+            cls = h.cls
             s = self._sessions.get(name)
             if s is not None and s.hold is h:
                 s.hold = None
-                self.holds.judge(h.cls, 0.0)
+                self.holds.judge(cls, 0.0)
 
     def _judge_hold(self, s: _Session, req: RequestInfo, now: float) -> None:
         """The session is back: would the keep considered for its last request have
@@ -394,8 +404,9 @@ class WorkloadPolicy(Policy):
     def _keep_for(self, s: _Session, wait: str | None, tool: str, gap: float | None,
                   keep: bool = True) -> float:
         """The keep considered (asked only where it pays, :meth:`_keep_s`): how long the
-        engine would hold this request's blocks after it ends. Only for a turn that ends waiting (on a tool or the user): for the gap the client
-        gave, if it is at most ``hbm_keep_max_s``; else if most sessions of the wait's
+        engine would hold this request's blocks after it ends. Only for a turn that ends
+        waiting (on a tool or the user): for the gap the client gave, if it is at most
+        ``hbm_keep_max_s``; else if most sessions of the wait's
         class (learned per tool, as for eviction) were back within ``hbm_keep_max_s``,
         until nine in ten of those are. Before a class has ``_KEEP_MIN_WAITS`` waits of
         its own, the hint decides: a tool call is considered for the whole bound (tools
