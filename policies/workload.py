@@ -48,7 +48,7 @@ call, a user turn, nothing).
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from collections.abc import Container, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
@@ -124,14 +124,10 @@ class WorkloadPolicy(Policy):
         super().__init__(tiers)
         self.hbm_keep_max_s = hbm_keep_max_s
         self.cost = cost or CostModel()
-        #: whether the keeps of each class paid (judged at every return)
-        self.holds = HoldLedger(hold_bar)
-        #: (end of the keep, session, the keep) in the order their waits began
-        self._hold_ends: deque[tuple[float, Hashable, PendingHold]] = deque()
         block_s = self.cost.recompute_s(self.cost.block_tokens)
-        #: per tier: the share of a block's prefill a hold gains over a load from it
-        self._hold_w = {t.name: 1.0 - min(1.0, self.cost.saved_s(t) / block_s)
-                        for t in tiers}
+        #: whether the keeps of each class paid (judged at every return)
+        self.holds = HoldLedger({t.name: 1.0 - min(1.0, self.cost.saved_s(t) / block_s)
+                                 for t in tiers}, hold_bar, max_running=max_sessions)
         self.window_s = window_s
         self._vcache: dict[tuple[Hashable, int], float] = {}
         self.margin = margin
@@ -321,34 +317,9 @@ class WorkloadPolicy(Policy):
         n = len(req.keys)
         return n - 1 if n and 0 < req.last_tokens < req.block_tokens else n
 
-    def _hold_gain(self, tiers: Sequence[str | None], n: int) -> float:
-        """Share of ``n`` held blocks' prefill a keep gains over the sidecar serving
-        the prefix ``tiers`` says it has (a block past that prefix: all of it)."""
-        w = self._hold_w
-        gained = 0.0
-        j = 0
-        for t in tiers[:n]:
-            if t is None or t not in w:
-                break
-            gained += w[t]
-            j += 1
-        return (gained + n - j) / n
-
-    def _watch_hold(self, name: Hashable, s: _Session, now: float) -> None:
-        """The wait a keep was considered for starts now: if the session is not back
-        by the keep's end, the keep gained nothing (:meth:`_expire_holds`)."""
-        h = s.hold
-        if h is not None:
-            self._hold_ends.append((now + h.keep_s, name, h))
-            if len(self._hold_ends) > self.max_sessions:
-                self._hold_ends.popleft()  # bounded: its session's return judges it
-
     def _expire_holds(self, now: float) -> None:
-        """Judge 0 the keeps whose session was not back by their end (a session that
-        never comes back counts: its keep pinned the engine's memory for nothing)."""
-        ends = self._hold_ends
-        while ends and ends[0][0] < now:
-            _, name, h = ends.popleft()
+        """Keeps whose session was not back by their end gained nothing."""
+        for name, h in self.holds.expired(now):
             cls = h.cls
             s = self._sessions.get(name)
             if s is not None and s.hold is h:
@@ -357,21 +328,15 @@ class WorkloadPolicy(Policy):
 
     def _judge_hold(self, s: _Session, req: RequestInfo, now: float) -> None:
         """The session is back: would the keep considered for its last request have
-        paid? Only if it is back within the keep, asking for the prefix that was held,
-        and the sidecar would not serve that prefix as fast itself."""
+        paid (:meth:`HoldLedger.returned`)?"""
         h = s.hold
         s.hold = None
         if h is None:
             return
-        n = h.blocks
-        keys = req.keys
-        if now - s.since > h.keep_s or len(keys) < n or keys[n - 1] != h.last:
-            self.holds.judge(h.cls, 0.0)
-            return
         worth = req.worth or self._worth
         tiers = [t if t is not None and worth[self._order[t]] else None
-                 for t in req.hit_tiers[:n]]
-        self.holds.judge(h.cls, self._hold_gain(tiers, n))
+                 for t in req.hit_tiers[:h.blocks]]
+        self.holds.returned(h, req.keys, tiers, now - s.since)
 
     def _keep_s(self, s: _Session, req: RequestInfo, admit: dict[Hashable, str]) -> float:
         """The keep the wait's class would get (:meth:`_keep_for`), asked only where
@@ -399,7 +364,7 @@ class WorkloadPolicy(Policy):
             return keep
         plan = [t if t is not None else admit.get(k)
                 for k, t in zip(req.keys[:n], req.hit_tiers[:n], strict=True)]
-        return keep if self._hold_gain(plan, n) >= self.holds.bar else 0.0
+        return keep if self.holds.gain_over(plan, n) >= self.holds.bar else 0.0
 
     def _keep_for(self, s: _Session, wait: str | None, tool: str, gap: float | None,
                   keep: bool = True) -> float:
@@ -463,7 +428,8 @@ class WorkloadPolicy(Policy):
                 keep = self._keep_for(s, wait, tool, hint.expected_gap_s, keep=False)
                 if keep > 0.0:
                     s.hold = PendingHold((s.workload, wait, tool), keep, *s.full)
-            self._watch_hold(name, s, now)
+            if s.hold is not None:
+                self.holds.watch(name, s.hold, now)
         elif wait == "end" and s.hold is not None:  # it will not be back: gained nothing
             self.holds.judge(s.hold.cls, 0.0)
             s.hold = None
