@@ -112,6 +112,8 @@ class _Session:
     full: tuple[int, Hashable] | None = None
     #: its last lookup said what the turn ends with (the keep was considered there)
     told: bool = False
+    #: what it will wait on (and the tool) once its request in flight ends, if said
+    next: tuple[str, str] | None = None
 
 
 class WorkloadPolicy(Policy):
@@ -237,6 +239,8 @@ class WorkloadPolicy(Policy):
             return 0.0
         if s.wait == "back":
             return 1.0 + 1e-3
+        if s.wait == _IDLE and s.next is not None:  # in flight, its next wait said
+            return self._newcomer(s)
         e = max(0.0, now - s.since)
         if s.gap is not None:  # the client said when it will be back
             left = s.gap - e
@@ -254,7 +258,11 @@ class WorkloadPolicy(Policy):
 
     def _newcomer(self, s: _Session) -> float:
         """Value of a session whose request is in flight: what its next wait is worth
-        at its start, weighed by what usually follows a request of its workload."""
+        at its start: the wait its lookup said (``then``), else weighed by what usually
+        follows a request of its workload."""
+        if s.next is not None:
+            wait, tool = s.next
+            return 0.0 if wait == "end" else self._score(self._cls(s, wait, tool), 0.0)
         follows = self.follows.get(s.workload)
         if not follows:
             return self._score(self._cls(s, _IDLE, ""), 0.0)
@@ -282,6 +290,9 @@ class WorkloadPolicy(Policy):
                 self.follows.setdefault(s.workload, Counter())[_IDLE] += 1
         s.turns += 1
         self._wait(name, s, _IDLE, "", now)
+        then = _WAIT.get(req.then)
+        s.next = ((then, self._tool(s.workload, req.tool) if then == "tool" else "")
+                  if then in ("tool", "user", "end") else None)
         keys, hit = req.keys, req.hit_tiers
         pool = Pool(req.workload)
         for j, (k, t) in enumerate(zip(keys, hit, strict=True)):
@@ -423,6 +434,7 @@ class WorkloadPolicy(Policy):
             self.follows.setdefault(s.workload, Counter())[wait] += 1
         tool = self._tool(s.workload, hint.tool) if wait == "tool" else ""
         self._wait(name, s, wait, tool, now, hint.expected_gap_s)
+        s.next = None
         if wait in ("tool", "user"):
             if not s.told and s.full is not None:  # no ``then`` at its lookup
                 keep = self._keep_for(s, wait, tool, hint.expected_gap_s, keep=False)
