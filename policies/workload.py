@@ -13,8 +13,9 @@ A session's *value* is the share of sessions of its class, having waited as
 long as it has, that send again within the next ``window_s`` seconds: a
 session waiting on a quick tool is worth a lot, one whose user has been away
 for ten minutes little, an ended one nothing. A session with a request in
-flight is valued by what usually follows a request of its workload (a tool
-call, a user turn, nothing).
+flight is valued by the wait its lookup announced (``then`` / ``tool``: what
+that wait is worth at its start), else by what usually follows a request of its
+workload (a tool call, a user turn, nothing).
 
 * Eviction takes the least valuable session first, its chain's tail first
   (children before parents, so a prefix shrinks from its end).
