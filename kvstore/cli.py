@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib
 import json
 import logging
@@ -59,6 +60,12 @@ async def _run_server(cfg: Any) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         await server.start()
+        # What start-up made (modules, stubs, the recovered index) lives as long as the
+        # process: keep it out of the collector's full passes, which otherwise walk it on
+        # the event loop (measured: 70 ms pauses under a save storm). The process's
+        # own choice, so here and not in KVStoreServer (tests run many in one process).
+        gc.collect()
+        gc.freeze()
         print(f"kvstore listening on {cfg.server.listen} (port {server.port}); "
               f"metrics on :{server.metrics_port or 'off'}; data dir {cfg.data_dir}; "
               f"{server.recovered} blocks recovered", flush=True)

@@ -11,7 +11,7 @@ groups.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from operator import itemgetter
 
@@ -66,9 +66,33 @@ class TierOwners:
         if key not in self.sizes:
             return
         self.pos[key] = pos
-        if self.owner.get(key) != session or isinstance(session, Pool):
+        owner = self.owner.get(key)
+        if owner is session:  # (the policy passes one Pool object per workload)
+            if isinstance(session, Pool):  # the pool's newest now
+                blocks = self._blocks[session]
+                del blocks[key]
+                blocks[key] = None
+        elif owner != session or isinstance(session, Pool):
             self._disown(key)
             self._own(key, session)
+
+    def claim_many(self, claims: Iterable[tuple[Hashable, Hashable, int]]) -> None:
+        """:meth:`claim` of each ``(key, session, pos)``, in order (one call for a
+        lookup's blocks)."""
+        sizes, pos, owners, groups = self.sizes, self.pos, self.owner, self._blocks
+        for key, session, p in claims:
+            if key not in sizes:
+                continue
+            pos[key] = p
+            owner = owners.get(key)
+            if owner is session:
+                if isinstance(session, Pool):  # the pool's newest now
+                    blocks = groups[session]
+                    del blocks[key]
+                    blocks[key] = None
+            elif owner != session or isinstance(session, Pool):
+                self._disown(key)
+                self._own(key, session)
 
     def _own(self, key: Hashable, session: Hashable) -> None:
         self.owner[key] = session

@@ -88,11 +88,13 @@ class LRUGhost:
             if k not in ghost:
                 break
             hits += 1
+        move = ghost.move_to_end
         for k in reversed(keys):  # the engine's order: the first block ends most recent
-            old = ghost.pop(k, None)
-            if old is None:
+            if k in ghost:
+                move(k)
+            else:
                 self.used += size
-            ghost[k] = size if old is None else old
+                ghost[k] = size
         while self.used > self.capacity and ghost:
             self.used -= ghost.popitem(last=False)[1]
         return hits
@@ -223,6 +225,11 @@ class AdaptivePolicy(Policy):
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         self.bets.on_access(key, tier, now)
         self.lru.on_access(key, tier, now)
+
+    def on_access_many(self, keys: Sequence[Hashable], tiers: Sequence[str], now: float
+                       ) -> None:
+        self.bets.on_access_many(keys, tiers, now)
+        self.lru.on_access_many(keys, tiers, now)
 
     def on_remove(self, key: Hashable, tier: str) -> None:
         self.bets.on_remove(key, tier)

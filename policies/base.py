@@ -233,6 +233,15 @@ class Policy(ABC):
     @abstractmethod
     def on_access(self, key: Hashable, tier: str, now: float) -> None: ...
 
+    def on_access_many(self, keys: Sequence[Hashable], tiers: Sequence[str], now: float
+                       ) -> None:
+        """:meth:`on_access` of each ``(keys[i], tiers[i])``, in that order (a lookup's
+        hits in one call: a policy whose touch is cheap overrides this to skip the
+        call per block)."""
+        access = self.on_access
+        for key, tier in zip(keys, tiers, strict=True):
+            access(key, tier, now)
+
     @abstractmethod
     def on_remove(self, key: Hashable, tier: str) -> None: ...
 
@@ -276,6 +285,13 @@ class Wrapper(Policy):
 
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         self.inner.on_access(key, tier, now)
+
+    def on_access_many(self, keys: Sequence[Hashable], tiers: Sequence[str], now: float
+                       ) -> None:
+        if type(self).on_access is Wrapper.on_access:  # a decorator that sees no touch
+            self.inner.on_access_many(keys, tiers, now)
+        else:
+            super().on_access_many(keys, tiers, now)
 
     def on_remove(self, key: Hashable, tier: str) -> None:
         self.inner.on_remove(key, tier)

@@ -31,6 +31,14 @@ class LRUPolicy(Policy):
         if key in lru:
             lru.move_to_end(key)
 
+    def on_access_many(self, keys: Sequence[Hashable], tiers: Sequence[str], now: float
+                       ) -> None:
+        lrus = self._lru
+        for key, tier in zip(keys, tiers, strict=True):
+            lru = lrus[tier]
+            if key in lru:
+                lru.move_to_end(key)
+
     def on_remove(self, key: Hashable, tier: str) -> None:
         self._lru[tier].pop(key, None)
 

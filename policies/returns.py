@@ -21,7 +21,8 @@ counted when the session comes back.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Hashable
+import functools
+from collections.abc import Hashable, Sequence
 
 __all__ = ["GRID", "ReturnTimes"]
 
@@ -69,11 +70,11 @@ class ReturnTimes:
         parent = _coarse(cls)
         return (self._get(cls),) if parent == cls else (self._get(cls), self._get(parent))
 
-    def start(self, cls: Hashable) -> None:
-        """A wait of ``cls`` began."""
+    def start(self, cls: Hashable, n: int = 1) -> None:
+        """A wait of ``cls`` began (``n`` of them)."""
         for c in self._both(cls):
-            c.n += 1
-            c.dirty += 1
+            c.n += n
+            c.dirty += n
 
     def cancel(self, cls: Hashable) -> None:
         """A wait of ``cls`` turned out to be another (a hint re-classed it at once)."""
@@ -89,6 +90,17 @@ class ReturnTimes:
         for c in self._both(cls):
             c.cnt[i] += 1
             c.dirty += 1
+
+    def returned_many(self, cls: Hashable, gaps: Sequence[float]) -> None:
+        """:meth:`returned` of each gap."""
+        if not gaps:
+            return
+        bins = [i for i in map(functools.partial(bisect.bisect_left, GRID), gaps) if i < _N]
+        for c in self._both(cls):
+            cnt = c.cnt
+            for i in bins:
+                cnt[i] += 1
+            c.dirty += len(bins)
 
     def waits(self, cls: Hashable) -> float:
         c = self._classes.get(cls)

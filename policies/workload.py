@@ -147,6 +147,7 @@ class WorkloadPolicy(Policy):
         self._now = 0.0
         #: key -> (session that used it last, when; None once shared), two generations
         self._uses: dict[Hashable, tuple[Hashable | None, float]] = {}
+        self._pools: dict[str, Pool] = {}
         self._old_uses: dict[Hashable, tuple[Hashable | None, float]] = {}
 
     @classmethod
@@ -215,6 +216,14 @@ class WorkloadPolicy(Policy):
                 age = now - use[1] if use is not None else 1e9
                 return self._score((pool.workload, "shared", "", 0, 0), age)
         return 0.0
+
+    def _pool(self, workload: str) -> Pool:
+        """The one :class:`Pool` object of ``workload`` (owners compare by identity
+        first, a block's claim being the hot path of every lookup)."""
+        pool = self._pools.get(workload)
+        if pool is None:
+            pool = self._pools[workload] = Pool(workload)
+        return pool
 
     def _use(self, key: Hashable, name: Hashable, workload: str, now: float) -> bool:
         """Record that ``name`` used ``key``; True if the key is shared (two sessions used
@@ -295,11 +304,41 @@ class WorkloadPolicy(Policy):
         s.next = ((then, self._tool(s.workload, req.tool) if then == "tool" else "")
                   if then in ("tool", "user", "end") else None)
         keys, hit = req.keys, req.hit_tiers
-        pool = Pool(req.workload)
+        pool = self._pool(req.workload)
+        # _use inlined for the common case (the key's last user was this session, or
+        # none): a lookup walks every block of a long prefix here.
+        trs, wl, limit = self._t, req.workload, self.max_sessions * 10
+        uses, old_uses = self._uses, self._old_uses
+        mine, pooled = (name, now), (None, now)
+        #: a shared key's reuse gaps (learned as the workload's "shared" wait, counted
+        #: once for the request: nothing reads the counts in between)
+        gaps: list[float] = []
+        starts = 0
+        claims: dict[str, list[tuple[Hashable, Hashable, int]]] = {}
         for j, (k, t) in enumerate(zip(keys, hit, strict=True)):
-            shared = self._use(k, name, req.workload, now)
+            prev = uses.get(k)
+            if prev is None:
+                prev = old_uses.get(k)
+            shared = prev is not None and prev[0] != name
+            if shared:
+                if prev is not None and prev[0] is None:
+                    gaps.append(now - prev[1])
+                starts += 1
+            uses[k] = pooled if shared else mine
+            if len(uses) > limit:
+                self._old_uses, self._uses = uses, {}
+                uses, old_uses = self._uses, self._old_uses
             if t is not None:
-                self._t[t].claim(k, pool if shared else name, j)
+                of_tier = claims.get(t)
+                if of_tier is None:
+                    of_tier = claims[t] = []
+                of_tier.append((k, pool if shared else name, j))
+        for t, todo in claims.items():
+            trs[t].claim_many(todo)
+        if starts:
+            cls = (wl, "shared", "", 0, 0)
+            self.returns.returned_many(cls, gaps)
+            self.returns.start(cls, starts)
         missing = [j for j, t in enumerate(hit) if t is None]
         if missing and missing[-1] == len(keys) - 1 and 0 < req.last_tokens < req.block_tokens:
             missing.pop()  # a partial last block: the next turn rewrites it
@@ -469,7 +508,7 @@ class WorkloadPolicy(Policy):
         name = info.session_id
         use = self._uses.get(info.key)
         if use is not None and use[0] is None:
-            name = Pool(info.workload)
+            name = self._pool(info.workload)
         pos = 0
         for other in self._t.values():  # a copy keeps its chain position and owner
             p = other.pos.get(info.key)
@@ -480,6 +519,10 @@ class WorkloadPolicy(Policy):
         tr.add(info.key, info.size, name, pos)
 
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
+        self._now = now
+
+    def on_access_many(self, keys: Sequence[Hashable], tiers: Sequence[str], now: float
+                       ) -> None:
         self._now = now
 
     def on_remove(self, key: Hashable, tier: str) -> None:

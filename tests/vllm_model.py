@@ -107,10 +107,12 @@ def build_tiny_llama(
 
 
 def make_llm(model_dir: Path, address: str | None, *, block_size: int, max_model_len: int,
-             max_num_seqs: int, num_blocks: int | None = None, **connector: Any) -> Any:
+             max_num_seqs: int, num_blocks: int | None = None, prefix_caching: bool = True,
+             **connector: Any) -> Any:
     """An offline ``vllm.LLM`` on ``model_dir``; with ``address``, loading and saving KV
     through the kvstore sidecar there (``connector`` adds to its extra config).
-    ``num_blocks`` caps the KV cache (to make the scheduler preempt)."""
+    ``num_blocks`` caps the KV cache (to make the scheduler preempt);
+    ``prefix_caching=False`` gives the reference that recomputes every prompt."""
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
@@ -127,7 +129,7 @@ def make_llm(model_dir: Path, address: str | None, *, block_size: int, max_model
         kwargs["num_gpu_blocks_override"] = num_blocks
     return LLM(model=str(model_dir), tokenizer=str(model_dir), block_size=block_size,
                max_model_len=max_model_len, max_num_seqs=max_num_seqs, enforce_eager=True,
-               dtype="float32", seed=0, **kwargs)
+               dtype="float32", seed=0, enable_prefix_caching=prefix_caching, **kwargs)
 
 
 def reset_cache(llm: Any, timeout_s: float = 30.0) -> bool:

@@ -53,6 +53,13 @@ class ConnectorConfig:
     save: bool = True
     #: Send turn-end hints from ``request_finished``.
     hints: bool = True
+    #: Load off the forward step (vLLM's ``load_kv_async``): the loading request
+    #: waits in ``WAITING_FOR_REMOTE_KVS`` on a connector thread while the other
+    #: requests keep decoding, and is scheduled once ``get_finished`` reports its
+    #: blocks in place (a load past ``timeout_s`` or failed is recomputed). False:
+    #: load inside the step that first reads the blocks (the step cannot end before
+    #: the load; on a GPU the copies overlap that forward layer by layer).
+    load_async: bool = True
     #: Loads shorter than this many blocks are not worth a round trip.
     min_load_blocks: int = 1
     #: HBM keep: the longest the engine holds a finished request's blocks in its own

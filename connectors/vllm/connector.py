@@ -199,7 +199,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         if self._worker is None:
             return None, None
         idle = self.has_connector_metadata() and self._meta().idle
-        return self._worker.get_finished(finished_req_ids, idle), None
+        return self._worker.get_finished(finished_req_ids, idle)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.take_load_errors() if self._worker is not None else set()

@@ -121,9 +121,21 @@ class LoadJob:
     started: float = field(default_factory=time.perf_counter)
     seconds: float = 0.0
     lease: LeaseRead | None = None  # leases still being released (direct loads)
+    #: Set once the load is given up (late): no copy into the KV cache starts after.
+    cancelled: bool = False
+    gate: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         self.ok = [False] * len(self.hashes)
+
+    def cancel(self) -> bool:
+        """Give up a late load: True once no copy into its blocks runs or can start
+        (the engine may recompute them now); False while a copy runs (ask again)."""
+        if not self.gate.acquire(blocking=False):
+            return False
+        self.cancelled = True
+        self.gate.release()
+        return True
 
     def confirm(self) -> list[bool]:
         """The blocks loaded, once the leases they were read under are released (a
@@ -144,7 +156,8 @@ class LoadJob:
 
 
 class DirectLoad:
-    """Synchronous load into host KV tensors: slot -> KV tensor, one copy."""
+    """Load into host KV tensors: slot -> KV tensor, one copy, on the calling thread
+    (the step's, for a synchronous load; a connector thread's, asynchronously)."""
 
     def __init__(self, kv: HostKV, checker: Checker, link: SidecarLink) -> None:
         self.kv = kv
@@ -156,10 +169,14 @@ class DirectLoad:
             good, bad = self.checker.headers(batch, job.hashes)
             pending = self.checker.bodies(good)
             try:
-                arrays = SlotArrays()
-                bodies = arrays.rows([s for _, s, _ in good], HEADER_SIZE, self.checker.body_size)
-                self.kv.from_bodies([job.block_ids[i] for i, _, _ in good], bodies)
-                arrays.clear()
+                with job.gate:  # a load given up (late) copies nothing
+                    if job.cancelled:
+                        return
+                    arrays = SlotArrays()
+                    bodies = arrays.rows([s for _, s, _ in good], HEADER_SIZE,
+                                         self.checker.body_size)
+                    self.kv.from_bodies([job.block_ids[i] for i, _, _ in good], bodies)
+                    arrays.clear()
             finally:
                 failed = pending.result()
             job.failed_checksums(failed)
@@ -253,19 +270,19 @@ class LayerwiseLoad:
         if self.late:
             return
         if not self.staged.wait_layer(index, max(0.0, self.deadline - time.monotonic())):
-            self._give_up()
+            self.give_up()
 
     def finish(self) -> list[bool]:
         """After the forward: which blocks loaded (a late load loaded none)."""
         if not self.done.wait(max(0.0, self.deadline - time.monotonic())):
-            self._give_up()
+            self.give_up()
         if self.late:
             return [False] * len(self.job.hashes)
         for i in range(len(self.kv.layout.layers)):
             self.staged.wait_layer(i, 0.0)  # order the compute stream after every copy
         return list(self.job.ok)
 
-    def _give_up(self) -> None:
+    def give_up(self) -> None:
         if not self.late:
             logger.warning(
                 "kvstore: load of %d blocks still running at its deadline; recomputing them",

@@ -13,11 +13,16 @@ __all__ = ["BlockSave", "LoadPlan", "SavePlan"]
 
 @dataclass(frozen=True, slots=True)
 class LoadPlan:
-    """Copy ``hashes[i]`` from the sidecar into engine block ``block_ids[i]``."""
+    """Copy ``hashes[i]`` from the sidecar into engine block ``block_ids[i]``.
+
+    ``asynchronous``: off the step (the request waits in vLLM's
+    ``WAITING_FOR_REMOTE_KVS`` until ``get_finished`` reports it); otherwise before
+    the forward that reads the blocks."""
 
     req_id: str
     hashes: tuple[bytes, ...]
     block_ids: tuple[int, ...]
+    asynchronous: bool = False
 
 
 @dataclass(frozen=True, slots=True)

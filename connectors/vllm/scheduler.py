@@ -6,10 +6,19 @@ workers (:mod:`.worker`). Every sidecar call fails open through
 :class:`~.sidecar.SidecarLink`: when the sidecar cannot answer, a request
 simply has no external hit and the engine computes its prefix itself.
 
-Loads are synchronous (``load_kv_async=False``): vLLM then marks the step
-``has_sync_kv_loads`` and calls ``start_load_kv`` *before* the forward that
-reads the loaded blocks (``kv_connector_model_runner_mixin``); on a GPU the
-workers still copy layer by layer while the forward runs.
+Loads are asynchronous (``load_async``, the default): ``get_num_new_matched_tokens``
+answers ``load_kv_async=True``, vLLM allocates the request's blocks and parks it
+in ``WAITING_FOR_REMOTE_KVS``, the workers copy on a connector thread while the
+other requests decode, and report the request among ``get_finished``'s receives
+once its blocks are in place (failed blocks through
+``get_block_ids_with_load_errors``: vLLM recomputes from the first of them). A
+request whose load failed is not offered a load again (its retry, after a load
+that failed from the first block, recomputes). With ``load_async=False`` vLLM
+marks the step ``has_sync_kv_loads`` and calls ``start_load_kv`` *before* the
+forward that reads the loaded blocks (``kv_connector_model_runner_mixin``); on a
+GPU the workers still copy layer by layer while the forward runs. Disk hits are
+promoted to DRAM by the sidecar from the lookup that found them (its prefetch),
+ahead of the copy.
 
 A waiting request costs one Lookup, not one per step: vLLM asks
 ``get_num_new_matched_tokens`` on every step it cannot schedule the request, and
@@ -75,6 +84,8 @@ class _Tracked:
     block_ids: list[int] | None = None
     next_save: int = 0  # first block not yet planned for saving
     planned_load_blocks: int = 0
+    loading: bool = False  # an asynchronous load in flight (vLLM frees its blocks)
+    async_loads: int = 0  # asynchronous loads the workers reported received
     loaded_blocks: int = 0  # confirmed by the workers (may arrive after the finish)
     load_failed_blocks: int = 0
     saved_blocks: int = 0
@@ -110,6 +121,7 @@ class Totals:
     preempted_requests: int = 0  # counted by the scheduler side
     lookup_asks: int = 0  # vLLM's asks for waiting requests (get_num_new_matched_tokens)
     lookups_sent: int = 0  # Lookup calls they cost (the rest answered from the last one)
+    async_loads: int = 0  # requests reported received by get_finished
 
     def as_dict(self) -> dict[str, float]:
         return {name: round(getattr(self, name), 3) for name in self.__slots__}
@@ -173,6 +185,8 @@ class SchedulerSide:
         n = max_blocks - start
         if not self.config.load or n < self.config.min_load_blocks:
             return 0, False
+        if tracked.load_failed_blocks:  # its load failed: recompute, do not ask again
+            return 0, False
         tracked.load_start, tracked.load_blocks = start, n
         logger.debug(
             "kvstore: request %s hits %d blocks in the sidecar, %d computed locally, loads %d",
@@ -181,7 +195,7 @@ class SchedulerSide:
             start,
             n,
         )
-        return n * self.block_size, False
+        return n * self.block_size, self.config.load_async
 
     def _lookup(self, tracked: _Tracked, hashes: list[bytes]) -> LookupResult | None:
         """The sidecar's answer for a waiting request: asked once, reused while young.
@@ -238,10 +252,13 @@ class SchedulerSide:
             )
             return
         hashes = tuple(bytes(h) for h in request.block_hashes[start : start + n])
+        asynchronous = self.config.load_async
         self._loads.append(
-            LoadPlan(request.request_id, hashes, tuple(block_ids[start : start + n]))
+            LoadPlan(request.request_id, hashes, tuple(block_ids[start : start + n]),
+                     asynchronous)
         )
         tracked.planned_load_blocks += n
+        tracked.loading = asynchronous
         # Loaded blocks are in the sidecar already: never save them back.
         tracked.next_save = max(tracked.next_save, start + n)
 
@@ -315,6 +332,12 @@ class SchedulerSide:
         # A request reported finished has no save left anywhere: send its hint.
         for req_id in getattr(output, "finished_sending", None) or ():
             self._hint_now(req_id)
+        for req_id in getattr(output, "finished_recving", None) or ():
+            self.totals.async_loads += 1
+            tracked = self._reqs.get(req_id)
+            if tracked is not None:
+                tracked.loading = False
+                tracked.async_loads += 1
 
     def _take_report(self, report: WorkerReport) -> None:
         totals = self.totals
@@ -366,10 +389,13 @@ class SchedulerSide:
             tracked = _Tracked(request=request, turn=turn)
         turn, event_source = self._turn_end(request, tracked.turn)
         self.sessions.turn_finished(turn, request.block_hashes)
-        hold_ms = self._hold_ms(request.request_id, tracked, len(block_ids))
+        # Finished while its load runs: vLLM keeps its blocks until the workers
+        # report it received; a hold of ours too would free them twice.
+        hold_ms = 0.0 if tracked.loading else self._hold_ms(
+            request.request_id, tracked, len(block_ids))
         # Blocks handed to the workers may still be in their save queues: vLLM must
         # keep them until the workers say the saves are done.
-        saving = bool(block_ids) and tracked.saves_planned > 0
+        saving = bool(block_ids) and tracked.saves_planned > 0 and not tracked.loading
         delay = hold_ms > 0 or saving
         if delay:
             self._holds[request.request_id] = hold_ms / 1000.0
@@ -399,11 +425,14 @@ class SchedulerSide:
                 "event_claimed": tracked.turn.event,
                 "sidecar_hit_tokens": tracked.sidecar_blocks * bs,
                 "hit_media": {m: tracked.hit_media.count(m) for m in set(tracked.hit_media)},
-                # A failed sync load reschedules the request, so by its finish
-                # every failure is known; confirmations of the last step are not.
+                # A failed sync load reschedules the request and an asynchronous
+                # one reports its failures with its receive, so by its finish every
+                # failure is known; confirmations of a sync load's last step are not.
                 "loaded_tokens": (tracked.planned_load_blocks - tracked.load_failed_blocks) * bs,
                 "load_failed_tokens": tracked.load_failed_blocks * bs,
                 "load_ms": round(tracked.load_ms, 3),
+                # Loads reported received off the step (get_finished), none if sync.
+                "async_loads": tracked.async_loads,
                 "load_bytes": tracked.load_bytes,
                 "saved_blocks": tracked.saved_blocks,
                 "save_failed_blocks": tracked.save_failed_blocks,

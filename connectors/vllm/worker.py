@@ -11,14 +11,21 @@ avoided:
   reports its saves done (the scheduler side returns True from
   ``request_finished``); ``handle_preemptions`` drops the queued saves of
   preempted requests before their blocks are reused.
-* **Loads** (:mod:`.loads`): vLLM flags steps that load (``has_sync_kv_loads``)
-  and calls ``start_load_kv`` before their forward. Host KV tensors (the CPU
-  backend) are filled from the leased slots right there; device KV tensors
-  through a pinned staging buffer, one host-to-device copy per layer on a
-  load stream and thread, and each attention layer's ``wait_for_layer_load``
-  waits only for its own layer. Blocks that fail (missing, foreign, corrupt,
-  or later than ``timeout_s``) are reported by ``get_block_ids_with_load_errors``
-  and vLLM recomputes from the first of them.
+* **Loads** (:mod:`.loads`): asynchronous by default (``load_async``,
+  :mod:`.inflight`): ``start_load_kv`` hands a step's loads to a connector
+  thread and returns; the loading requests wait in vLLM's
+  ``WAITING_FOR_REMOTE_KVS`` while the others decode, and ``get_finished``
+  reports each request among its receives once its blocks are in place.
+  Synchronous loads (``load_async=False``): vLLM flags the step
+  (``has_sync_kv_loads``) and calls ``start_load_kv`` before its forward; host KV
+  tensors (the CPU backend) are filled from the leased slots right there; device
+  KV tensors through a pinned staging buffer, one host-to-device copy per layer
+  on a load stream and thread, and each attention layer's ``wait_for_layer_load``
+  waits only for its own layer. Either way blocks that fail (missing, foreign,
+  corrupt, or later than ``timeout_s``) are reported by
+  ``get_block_ids_with_load_errors`` (an asynchronous load's no later than the
+  step that reports its request received) and vLLM recomputes from the first of
+  them.
 """
 
 from __future__ import annotations
@@ -33,9 +40,10 @@ from typing import TYPE_CHECKING, Any
 from kvstore.connectors.vllm import threads
 from kvstore.connectors.vllm.devicekv import DeviceKV
 from kvstore.connectors.vllm.hostkv import HostKV
+from kvstore.connectors.vllm.inflight import InflightLoads
 from kvstore.connectors.vllm.layout import KVLayout, LayoutError
 from kvstore.connectors.vllm.loads import Checker, DirectLoad, LayerwiseLoad, LoadJob
-from kvstore.connectors.vllm.metadata import KVStoreConnectorMetadata, WorkerReport
+from kvstore.connectors.vllm.metadata import KVStoreConnectorMetadata, LoadPlan, WorkerReport
 from kvstore.connectors.vllm.payload import HEADER_SIZE, layout_digest
 from kvstore.connectors.vllm.saves import SaveJob, SaveQueue, SaveResult
 from kvstore.connectors.vllm.sidecar import SidecarLink
@@ -90,7 +98,8 @@ class WorkerSide:
         self._saves: SaveQueue | None = None
         self._load: LayerwiseLoad | None = None  # this step's layer-wise load
         self._direct: LoadJob | None = None  # this step's direct load
-        self._load_meta = KVStoreConnectorMetadata()
+        self._load_plans: list[LoadPlan] = []
+        self._inflight = InflightLoads(timeout_s)
         self._last_load: LayerwiseLoad | None = None
         self._invalid: set[int] = set()
         self._report = WorkerReport()
@@ -99,6 +108,8 @@ class WorkerSide:
         # Finished requests vLLM told us about (get_finished may only report those),
         # kept a while in case their hold arrives in a later step.
         self._finished: OrderedDict[str, None] = OrderedDict()
+        #: Asynchronous loads settled, not reported yet (get_finished's receives).
+        self._received: set[str] = set()
 
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         try:
@@ -131,16 +142,18 @@ class WorkerSide:
     def start_load_kv(self, meta: KVStoreConnectorMetadata) -> None:
         now = time.monotonic()
         self._holds.update((r, now + s) for r, s in meta.holds.items())
-        if not meta.loads:
+        later = [plan for plan in meta.loads if plan.asynchronous]
+        if later:
+            self._start_async(later)
+        plans = [plan for plan in meta.loads if not plan.asynchronous]
+        if not plans:
             return
-        hashes = [h for plan in meta.loads for h in plan.hashes]
-        ids = [b for plan in meta.loads for b in plan.block_ids]
-        job = LoadJob(self.namespace, hashes, ids)
+        job = self._job(plans)
         if self.kv is None or self._checker is None:
-            self._settle(meta, job, [False] * len(hashes))
+            self._settle(plans, job, [False] * len(job.hashes))
         elif isinstance(self.kv, HostKV):
             DirectLoad(self.kv, self._checker, self.link).run(job)
-            self._direct, self._load_meta = job, meta  # settled after the forward
+            self._direct, self._load_plans = job, plans  # settled after the forward
         else:
             load = LayerwiseLoad(self.kv, self._checker, self.link, job, self.timeout_s)
             previous, self._last_load = self._last_load, load
@@ -148,7 +161,24 @@ class WorkerSide:
             if previous is not None:
                 previous.release()  # its buffer back to the pool, once its copies are done
             self._load = load
-            self._load_meta = meta
+            self._load_plans = plans
+
+    def _job(self, plans: list[LoadPlan]) -> LoadJob:
+        hashes = [h for plan in plans for h in plan.hashes]
+        ids = [b for plan in plans for b in plan.block_ids]
+        return LoadJob(self.namespace, hashes, ids)
+
+    def _start_async(self, plans: list[LoadPlan]) -> None:
+        """Off the step: reported by ``get_finished`` once done (or given up)."""
+        job = self._job(plans)
+        if self.kv is None or self._checker is None:
+            self._settle(plans, job, [False] * len(job.hashes))
+            self._received.update(plan.req_id for plan in plans)
+        elif isinstance(self.kv, HostKV):
+            self._inflight.start_direct(plans, job, DirectLoad(self.kv, self._checker, self.link))
+        else:
+            self._inflight.start_layerwise(
+                plans, LayerwiseLoad(self.kv, self._checker, self.link, job, self.timeout_s))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if self._load is not None and self.layout is not None:
@@ -159,16 +189,16 @@ class WorkerSide:
     def _finish_load(self) -> None:
         load, self._load = self._load, None
         if load is not None:
-            self._settle(self._load_meta, load.job, load.finish())
+            self._settle(self._load_plans, load.job, load.finish())
         direct, self._direct = self._direct, None
         if direct is not None:
-            self._settle(self._load_meta, direct, direct.confirm())
+            self._settle(self._load_plans, direct, direct.confirm())
 
-    def _settle(self, meta: KVStoreConnectorMetadata, job: LoadJob, ok: list[bool]) -> None:
+    def _settle(self, plans: list[LoadPlan], job: LoadJob, ok: list[bool]) -> None:
         """Report the good prefix of each request; the rest is recomputed."""
         cursor = loaded = 0
         with self._report_lock:
-            for plan in meta.loads:
+            for plan in plans:
                 verdicts = ok[cursor : cursor + len(plan.hashes)]
                 cursor += len(plan.hashes)
                 good = verdicts.index(False) if False in verdicts else len(verdicts)
@@ -184,13 +214,14 @@ class WorkerSide:
                 )
         nbytes = loaded * ((self.layout.block_bytes if self.layout else 0) + HEADER_SIZE)
         logger.info(
-            "kvstore: loaded %d/%d blocks (%d tokens, %.1f MiB) in %.1f ms (%.2f GB/s)",
+            "kvstore: loaded %d/%d blocks (%d tokens, %.1f MiB) in %.1f ms (%.2f GB/s)%s",
             loaded,
             len(job.hashes),
             loaded * self.block_size,
             nbytes / 2**20,
             job.seconds * 1e3,
             nbytes / job.seconds / 1e9 if job.seconds > 0 else 0.0,
+            " off the step" if plans and plans[0].asynchronous else "",
         )
 
     # -- saves ------------------------------------------------------------------------
@@ -227,23 +258,42 @@ class WorkerSide:
     def _count(counts: dict[str, int], req_id: str, n: int) -> None:
         counts[req_id] = counts.get(req_id, 0) + n
 
-    def get_finished(self, finished_req_ids: set[str], idle: bool = False) -> set[str] | None:
-        """Finished requests vLLM may free now: hold over and no save pending."""
+    def get_finished(
+        self, finished_req_ids: set[str], idle: bool = False
+    ) -> tuple[set[str] | None, set[str] | None]:
+        """``(sending, receiving)``: finished requests vLLM may free now (hold over,
+        no save pending), and requests whose asynchronous load is settled (their
+        failed blocks go to ``get_block_ids_with_load_errors`` first)."""
         for req_id in finished_req_ids:
             self._finished[req_id] = None
         while len(self._finished) > _FINISHED_MEMORY:
             self._finished.popitem(last=False)
+        received = self._poll_loads()
         if not self._holds:
-            return None
+            if not received and idle and len(self._inflight):
+                self._inflight.wait(_IDLE_WAIT_S)  # only loads are pending: do not spin
+                received = self._poll_loads()
+            return None, received or None
         done = self._ready()
-        if not done and idle and self._saves is not None:
+        if not done and not received and idle and self._saves is not None:
             # Only transfers are pending: wait a little for one rather than spin.
-            self._saves.wait_progress(_IDLE_WAIT_S)
+            if len(self._inflight):
+                self._inflight.wait(_IDLE_WAIT_S)
+                received = self._poll_loads()
+            else:
+                self._saves.wait_progress(_IDLE_WAIT_S)
             done = self._ready()
         for req_id in done:
             del self._holds[req_id]
             del self._finished[req_id]
-        return done or None
+        return done or None, received or None
+
+    def _poll_loads(self) -> set[str]:
+        for plans, job, ok in self._inflight.poll():
+            self._settle(plans, job, ok)
+            self._received.update(plan.req_id for plan in plans)
+        received, self._received = self._received, set()
+        return received
 
     def _ready(self) -> set[str]:
         now = time.monotonic()
@@ -266,6 +316,7 @@ class WorkerSide:
         return report
 
     def shutdown(self) -> None:
+        self._inflight.close()
         if self._saves is not None:
             self._saves.close(self.timeout_s)
         if self._checker is not None:

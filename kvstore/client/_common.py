@@ -76,6 +76,12 @@ class LeaseRead:
 #: Blocks per shared-memory batch (one Reserve/Commit pair), bounded by bytes too.
 BATCH_BYTES = 32 * 2**20
 BATCH_BLOCKS = 256
+#: Blocks per in-place put's Reserve/Commit pair (``put_in_place``): a request's
+#: blocks in one pair up to these bounds (a vLLM request's save, 127 x 768 KiB, is
+#: one); a larger put is pipelined in pairs of this size (the server reserves and
+#: commits one while the client copies the next).
+RESERVE_BYTES = 128 * 2**20
+RESERVE_BLOCKS = 1024
 #: Bytes per gRPC Put message: measured on loopback, 1 MiB messages stream ~4x
 #: faster than 16 MiB ones (grpc's flow control and copies favour small frames).
 GRPC_MESSAGE_BYTES = 2**20
@@ -200,12 +206,12 @@ def header(b: BlockData | BlockSpec, size: int) -> pb.BlockHeader:
                           token_ids=list(b.token_ids), size=size)
 
 
-def batch_bounds(sizes: Sequence[int], max_bytes: int = BATCH_BYTES
-                 ) -> Iterator[tuple[int, int]]:
-    """``(start, end)`` of batches of at most BATCH_BLOCKS blocks / ~max_bytes bytes."""
+def batch_bounds(sizes: Sequence[int], max_bytes: int = BATCH_BYTES,
+                 max_blocks: int = BATCH_BLOCKS) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of batches of at most max_blocks blocks / ~max_bytes bytes."""
     start, size = 0, 0
     for i, n in enumerate(sizes):
-        if i > start and (size + n > max_bytes or i - start >= BATCH_BLOCKS):
+        if i > start and (size + n > max_bytes or i - start >= max_blocks):
             yield start, i
             start, size = i, 0
         size += n
@@ -213,10 +219,10 @@ def batch_bounds(sizes: Sequence[int], max_bytes: int = BATCH_BYTES
         yield start, len(sizes)
 
 
-def batches(blocks: Sequence[BlockData], max_bytes: int = BATCH_BYTES
-            ) -> Iterator[Sequence[BlockData]]:
-    """Split into batches of at most BATCH_BLOCKS blocks / ~max_bytes bytes."""
-    for start, end in batch_bounds([len(b.payload) for b in blocks], max_bytes):
+def batches(blocks: Sequence[BlockData], max_bytes: int = BATCH_BYTES,
+            max_blocks: int = BATCH_BLOCKS) -> Iterator[Sequence[BlockData]]:
+    """Split into batches of at most max_blocks blocks / ~max_bytes bytes."""
+    for start, end in batch_bounds([len(b.payload) for b in blocks], max_bytes, max_blocks):
         yield blocks[start:end]
 
 

@@ -8,10 +8,13 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
+import xxhash
 
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 from kvstore.client._common import (
+    RESERVE_BLOCKS,
+    RESERVE_BYTES,
     BlockSink,
     LookupResult,
     PayloadSink,
@@ -96,10 +99,11 @@ class AsyncKVStoreClient:
                   request_id: str | None = None) -> int:
         t = tags(session_id, workload, request_id)
         if await self.uses_shared_memory():
-            # Pipelined: the server checksums and commits batch k while we write k+1.
+            # One Reserve/Commit pair per RESERVE_BYTES / RESERVE_BLOCKS; past that,
+            # pipelined: the server commits batch k while we write k+1.
             stored = 0
             pending: asyncio.Future[int] | None = None
-            for batch in batches(blocks):
+            for batch in batches(blocks, RESERVE_BYTES, RESERVE_BLOCKS):
                 commit = await self._put_shm(namespace, batch, t)
                 if pending is not None:
                     stored += await pending
@@ -139,6 +143,7 @@ class AsyncKVStoreClient:
                 region = self._segments.region(d)
                 region[:] = b.payload
                 region.release()
+                d.checksum = xxhash.xxh3_64_intdigest(b.payload)  # recorded by the server
                 slots.append(d)
                 headers.append(header(b, len(b.payload)))
         except BaseException:

@@ -23,6 +23,8 @@ import xxhash
 
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 from kvstore.client._common import (
+    RESERVE_BLOCKS,
+    RESERVE_BYTES,
     BlockSpec,
     LeaseRead,
     SlotCallback,
@@ -43,8 +45,15 @@ log = logging.getLogger("kvstore.client")
 
 #: Below this many bytes in one call, checksums are taken on the calling thread only.
 PARALLEL_HASH_BYTES = 4 * 2**20
+#: An in-place put hands ``fill`` about this many bytes at a time, and checksums
+#: each chunk on a call thread while the next one is filled.
+FILL_CHUNK_BYTES = 8 * 2**20
 
 T = TypeVar("T")
+
+
+def _digests(views: Sequence[memoryview]) -> list[int]:
+    return [xxhash.xxh3_64_intdigest(v) for v in views]
 
 
 class InPlace:
@@ -84,9 +93,10 @@ class InPlace:
         t = tags(session_id, workload, request_id)
         if not self.uses_shared_memory:
             return self._put_filled_grpc(namespace, blocks, fill, t)
-        # Pipelined: batch k+1 is reserved while batch k is filled, and batch k is
-        # committed while k+1 is filled (the server checksums and indexes it).
-        todo = list(batch_bounds([b.size for b in blocks]))
+        # One Reserve and one Commit for a request's blocks (up to RESERVE_BYTES /
+        # RESERVE_BLOCKS); past that, pipelined: batch k+1 is reserved while batch k is
+        # filled, and batch k is committed while k+1 is filled.
+        todo = list(batch_bounds([b.size for b in blocks], RESERVE_BYTES, RESERVE_BLOCKS))
         stored = 0
         pending: Callable[[], int] = lambda: 0  # noqa: E731
         ahead = (self._reserve_async(namespace, blocks[todo[0][0]:todo[0][1]], t) if todo
@@ -176,13 +186,35 @@ class InPlace:
                 slots.append(d)
                 headers.append(header(blocks[i], blocks[i].size))
             if todo:
-                fill(todo)
+                # The writer's checksum travels with the commit: the server records it
+                # instead of reading the slots again (readers check it).
+                for d, digest in zip(slots, self._fill_and_hash(todo, fill), strict=True):
+                    d.checksum = digest
         except BaseException:
             ids = [d.slot_id for d in resv.slots if d.slot_id]
             if ids:
                 self._call(self._stub.Abort, pb.AbortRequest(slot_ids=ids))
             raise
         return slots, headers
+
+    def _fill_and_hash(self, todo: list[tuple[int, SlotBuffer]], fill: SlotCallback
+                       ) -> list[int]:
+        """``fill`` the slots, FILL_CHUNK_BYTES at a time, and return each one's xxh3-64:
+        a chunk is hashed on a call thread while the next one is filled."""
+        if sum(slot.length for _, slot in todo) < PARALLEL_HASH_BYTES:
+            fill(todo)
+            return [xxhash.xxh3_64_intdigest(slot.view()) for _, slot in todo]
+        hashing: list[Callable[[], list[int]]] = []
+        start = size = 0
+        for k, (_, slot) in enumerate(todo):
+            size += slot.length
+            if size >= FILL_CHUNK_BYTES or k == len(todo) - 1:
+                chunk = todo[start:k + 1]
+                fill(chunk)
+                views = [s.view() for _, s in chunk]
+                hashing.append(self._background(functools.partial(_digests, views)))
+                start, size = k + 1, 0
+        return [digest for done in hashing for digest in done()]
 
     def _commit(self, namespace: str, slots: list[pb.SlotDescriptor],
                 headers: list[pb.BlockHeader], t: dict[str, str]) -> Callable[[], int]:

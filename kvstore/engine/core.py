@@ -28,6 +28,7 @@ over to one of the parts above; splitting it would split one API in two.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
@@ -59,6 +60,9 @@ from kvstore.tiers.base import SlotTier, Tier
 from kvstore.types import BlockKey, BlockMeta, Medium
 
 __all__ = ["Engine", "Lookup", "NewBlock"]  # NewBlock re-exported from kvstore.engine.blocks
+
+#: A Delete of many blocks lets the event loop run other calls after each this many.
+_DELETE_CHUNK = 256
 
 log = logging.getLogger(__name__)
 
@@ -381,17 +385,25 @@ class Engine:
         else:
             hashes = self.check_hashes(namespace, hashes)
             entries = [e for h in dict.fromkeys(hashes) if (e := pl.index.get_hash(namespace, h))]
-        # Forget every copy before the first await, so a copy finishing meanwhile sees
-        # its block gone (and discards itself) instead of re-adding it.
-        to_free: list[tuple[BlockKey, str]] = []
-        for entry in entries:
-            self.requests.forget(entry.key)
-            pl.retention.forget(entry.key)
-            for tier_name in list(entry.tiers):
-                if pl.unlink(entry.key, tier_name):
-                    to_free.append((entry.key, tier_name))
-        for key, tier_name in to_free:
-            await pl.tiers[tier_name].delete(key)
+        # _DELETE_CHUNK blocks at a time, the loop let go in between (a namespace of
+        # thousands held it ~100 ms). In a chunk, every copy is forgotten before the
+        # first await, so a copy finishing meanwhile sees its block gone (and discards
+        # itself) instead of re-adding it. A block of a later chunk removed meanwhile
+        # has no tiers left to forget.
+        for start in range(0, len(entries), _DELETE_CHUNK):
+            if start:
+                await asyncio.sleep(0)
+            to_free: list[tuple[BlockKey, str]] = []
+            for entry in entries[start:start + _DELETE_CHUNK]:
+                if start and pl.index.get(entry.key) is not entry:
+                    continue  # removed meanwhile (maybe stored anew: not this delete's)
+                self.requests.forget(entry.key)
+                pl.retention.forget(entry.key)
+                for tier_name in list(entry.tiers):
+                    if pl.unlink(entry.key, tier_name):
+                        to_free.append((entry.key, tier_name))
+            for key, tier_name in to_free:
+                await pl.tiers[tier_name].delete(key)
         return len(entries)
 
     def hint(self, hint: Hint, namespace: str = "", request_id: Hashable = "", *,

@@ -60,6 +60,10 @@ class EvictionManager:
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         self.inner.on_access(key, tier, now)
 
+    def on_access_many(self, keys: Sequence[Hashable], tiers: Sequence[str], now: float
+                       ) -> None:
+        self.inner.on_access_many(keys, tiers, now)
+
     def on_remove(self, key: Hashable, tier: str) -> None:
         self._index(tier).remove(key)
         self.inner.on_remove(key, tier)

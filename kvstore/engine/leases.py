@@ -102,6 +102,10 @@ class Leases:
         if self.reserved[r.key] <= 0:
             del self.reserved[r.key]
 
+    def peek_reservation(self, slot_id: int) -> Reservation | None:
+        """The live reservation of ``slot_id`` (left in place), if any."""
+        return self._reservations.get(slot_id)
+
     def take_reservation(self, slot_id: int, now: float, owner: str = "") -> Reservation:
         r = self._reservations.pop(slot_id, None)
         if r is None:

@@ -70,30 +70,34 @@ class Lookups:
         check_turn(then, expected_gap_s)
         pl, planner = self.placement, self.planner
         wl = Workload.parse(workload).value
-        blocks = pl.index.blocks_of(namespace)
+        get = pl.index.blocks_of(namespace).get
         hit: list[Entry] = []
         for h in hashes:
-            entry = blocks.get(h)
+            entry = get(h)
             if entry is None:
                 break
             hit.append(entry)
+        #: the fastest tier of each hit block (one list, read by every step below)
+        first = [e.tiers[0] for e in hit]
         worth = planner.geometry.worth(namespace)
-        rank = pl.rank
+        tiers = pl.tiers
+        worthy = {name: worth[pl.rank(name)] for name in set(first)}
         served = 0
-        for entry in hit:
-            if not worth[rank(entry.tiers[0])]:
+        for name in first:
+            if not worthy[name]:
                 break
             served += 1
-        tiers = pl.tiers
-        media = [tiers[e.tiers[0]].medium for e in hit[:served]]
+        medium = {name: tiers[name].medium for name in worthy}
+        media = [medium[name] for name in first[:served]]
         now = pl.clock()
         opened = planner.requests.get(namespace, request_id)
         if opened is not None:  # a repeat: counted once
             return Lookup(media, planner.store_count(namespace, hashes, served, now),
                           opened.keep_s, repeat=True)
         session = planner.session(namespace, session_id, hashes)
-        keys = [BlockKey(namespace, h) for h in hashes]
-        hit_tiers: list[str | None] = [e.tiers[0] for e in hit]
+        keys = [e.meta.key for e in hit]
+        keys += [BlockKey(namespace, h) for h in hashes[len(hit):]]
+        hit_tiers: list[str | None] = list(first)
         hit_tiers += [None] * (len(keys) - len(hit))
         req = replace(planner.request_info(namespace, keys, hit_tiers, session, wl, num_tokens),
                       then=then, tool=tool[:_MAX_TOOL_NAME], expected_gap_s=expected_gap_s)
@@ -102,23 +106,22 @@ class Lookups:
         planner.requests.plan(keys, plan.admit, [t is None for t in hit_tiers], now)
         planner.requests.open(request_id, OpenRequest(namespace, keys, session, wl, now, keep_s))
         planner.sessions.used(session, keys, now)
-        touch = pl.policy.on_access
-        for i in range(len(hit) - 1, -1, -1):  # tail first: the head ends most recent
-            entry = hit[i]
-            touch(entry.key, entry.tiers[0], now)
+        # tail first: the head ends most recent (one call for every hit)
+        pl.policy.on_access_many(keys[len(hit) - 1::-1] if hit else [], first[::-1], now)
         top = pl.order[0]
-        submit = pl.mover.submit
-        mine = frozenset(keys)
-        for entry in hit[:served]:  # head first: a parent is announced before its child
-            if entry.tiers[0] != top:
-                # The session is back: bring its prefix up before the engine reads it
-                # (without evicting the rest of it to make the room).
-                submit(Transfer(entry.key, entry.tiers[0], top, keep_src=True,
-                                reason="prefetch", protect=mine))
+        if first[:served].count(top) != served:
+            submit = pl.mover.submit
+            mine = frozenset(keys)
+            for entry in hit[:served]:  # head first: a parent is announced before its child
+                if entry.tiers[0] != top:
+                    # The session is back: bring its prefix up before the engine reads it
+                    # (without evicting the rest of it to make the room).
+                    submit(Transfer(entry.key, entry.tiers[0], top, keep_src=True,
+                                    reason="prefetch", protect=mine))
         if plan.moves:
             pl.schedule(plan.moves, "plan")
         st = pl.stats
-        st.tier_hits.update(e.tiers[0] for e in hit[:served])
+        st.tier_hits.update(first[:served])
         if pl.retention:
             for e in hit[:served]:
                 pl.retention.on_hit(e.key, now)

@@ -52,8 +52,9 @@ class _Inferer:
 
     def session_for(self, hashes: Sequence[Hashable]) -> str:
         deepest = -1
+        cur, old = self._owner, self._old_owner
         for j, h in enumerate(hashes):
-            if self._get_owner(h) is None:
+            if h not in cur and old.get(h) is None:
                 break
             deepest = j
         session: str | None = None

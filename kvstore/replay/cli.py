@@ -71,7 +71,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
                    help=f"policy name, repeatable (default lru); one of "
                         f"{', '.join(policies.available())}")
     p.add_argument("--engine-blocks", type=block_counts, default=[0], metavar="N[,N...]",
-                   help="the engine's own prefix cache (vLLM's GPU blocks), default 0")
+                   help="the engine's own prefix cache (vLLM's GPU blocks less its null "
+                        "block), default 0")
     p.add_argument("--hbm-blocks", type=block_counts, default=None, metavar="N",
                    help="only with --workers (the fleet replay); else see --engine-blocks")
     p.add_argument("--dram-blocks", type=block_counts, default=None, metavar="N[,N...]",
@@ -98,9 +99,11 @@ def _configure(p: argparse.ArgumentParser) -> None:
                    help="requests take no time and transfers are instant (with "
                         "--engine-blocks 0 --no-decode-saves --trust-end --no-then: exactly "
                         "the single-tier replay that the tables before the served "
-                        "topology used)")
+                        "topology used, on a trace whose blocks are all full; that one "
+                        "also stored a partial last block, as no engine does)")
     p.add_argument("--no-after", action="store_true",
-                   help="drop every after from the trace (the ablation without hints)")
+                   help="drop every after from the trace (the ablation without hints: "
+                        "every turn ends as a plain turn_end, the connector's default)")
     p.add_argument("--prefill-tps", type=float, default=CostModel().prefill_tokens_per_s,
                    help="prefill tokens/s of the cost model and the engine model "
                         "(default %(default)s)")

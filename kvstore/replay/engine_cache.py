@@ -15,6 +15,13 @@ Blocks are trace block ids (ints). A request caches only the blocks that find
 room (an empty slot or a free one to evict); when running requests pin every
 slot, the rest are computed and not cached (vLLM would make the request wait;
 the replay does not gate on room, see :mod:`kvstore.replay.served`).
+
+A prompt's partial last block takes a slot too while its request holds it (vLLM
+allocates it like any other), but it has no hash: nothing matches it, and when it
+is freed vLLM puts it at the front of the free queue (reused first, evicting
+nothing), which is an empty slot here. It is held under a negative id of its own
+(trace ids are never negative). ``capacity`` is the blocks requests can use:
+vLLM's ``num_gpu_blocks`` minus its null block (``BlockPool.null_block``).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ class EngineCache:
     """vLLM's prefix cache over ``capacity`` blocks, with the connector's holds."""
 
     __slots__ = ("capacity", "hold_budget", "hold_max_s", "_ref", "_free", "_holds",
-                 "_held_blocks", "hits", "holds_made", "holds_refused")
+                 "_held_blocks", "_partials", "hits", "holds_made", "holds_refused")
 
     def __init__(self, capacity: int, hold_budget: int = 0, hold_max_s: float = 0.0) -> None:
         if capacity < 0 or hold_budget < 0 or hold_max_s < 0:
@@ -45,6 +52,8 @@ class EngineCache:
         #: Request id -> (hold end, blocks held).
         self._holds: dict[str, tuple[float, tuple[int, ...]]] = {}
         self._held_blocks = 0
+        #: Ids given to partial blocks (-1, -2, ...): hashless, never matched.
+        self._partials = 0
         self.hits = 0
         self.holds_made = 0
         self.holds_refused = 0
@@ -73,13 +82,17 @@ class EngineCache:
         """Blocks a new request may take now (empty slots and the free queue)."""
         return self.capacity - len(self._ref) + len(self._free)
 
-    def acquire(self, blocks: Sequence[int]) -> tuple[int, ...]:
+    def acquire(self, blocks: Sequence[int], partial: bool = False) -> tuple[int, ...]:
         """Pin ``blocks`` for a running request (cached ones are reused, the others
         allocated, evicting from the free queue); returns the blocks it holds. Blocks
-        that find no room (every slot pinned) are not cached."""
+        that find no room (every slot pinned) are not cached. ``partial``: the prompt
+        also has a partial last block, which takes a slot of its own (see above)."""
         ref = self._ref
         free = self._free
         took: list[int] = []
+        if partial:
+            self._partials += 1
+            blocks = [*blocks, -self._partials]
         for b in blocks[:self.capacity]:
             n = ref.get(b)
             if n is None:
@@ -111,7 +124,9 @@ class EngineCache:
             n = ref.get(b)
             if n is None:
                 continue
-            if n <= 1:
+            if n <= 1 and b < 0:  # a partial block: freed to the front, an empty slot
+                del ref[b]
+            elif n <= 1:
                 ref[b] = 0
                 free[b] = None
             else:

@@ -13,7 +13,11 @@ Each request is played as a vLLM worker with the connector plays it:
    with the request's id, session, workload, prompt length and what the client
    says the turn ends with (``then`` / ``tool``, from the trace's ``after``). Blocks
    past the engine's own hit that the sidecar serves are loaded (priced at the
-   tier's bandwidth); the rest is computed.
+   tier's bandwidth); the rest is computed. As in vLLM, only full blocks have a
+   hash (a partial last block is never looked up, saved or hit, but takes an
+   engine slot while its request runs), and no hit reaches the prompt's last
+   token, which the engine computes itself (``tests/vllm/bench_slice.py`` checks
+   this model against a real engine).
 3. When the prefill ends (load time + computed tokens / prefill tokens/s) the
    blocks the lookup said to store are saved; the output tokens then fill decode
    blocks (one per ``time_per_output_token`` x block tokens), saved when the
@@ -24,7 +28,8 @@ Each request is played as a vLLM worker with the connector plays it:
 
 What the client cannot know is not sent: the trace's ``end`` (a session's last
 request) becomes a plain ``turn_end`` (a client sees the answer, not that the user
-will never come back) unless ``trust_end`` says the trace's client knows it.
+will never come back) unless ``trust_end`` says the trace's client knows it. A
+request without ``after`` is a ``turn_end`` too, as the connector sends it.
 Decode blocks are named by the session's next request where it shares this
 request's full prompt blocks (the output is sent back as the next prompt), else by
 fresh ids nothing asks for again; the name is the content's, not a decision.
@@ -271,10 +276,12 @@ class ServedReplay:
                                   request_id=run.rid, spill=False)
 
     def _then(self, req: Request) -> tuple[str, str]:
-        """(hint event, tool) of what the client knows its turn ends with."""
+        """(hint event, tool) of what the client knows its turn ends with. A client that
+        says nothing gets the connector's default, a plain turn end
+        (``connectors/vllm/sessions.py``: ``after`` defaults to ``user``)."""
         after = req.after
         if after is None:
-            return "", ""
+            return HINT_EVENT["user"], ""
         kind = after.kind
         if kind == "end" and not self.config.trust_end:
             kind = "user"
@@ -286,8 +293,11 @@ class ServedReplay:
         ids = req.hash_ids
         tokens = self.cost.block_tokens
         full = min(req.input_length // tokens, len(ids))
-        e = self.cache.match(ids[:full])
-        run.hashes = [i.to_bytes(8, "big") for i in ids]
+        # vLLM computes a prompt's last token itself: no hit (its own or a load) reaches it
+        reach = min(full, (req.input_length - 1) // tokens) if req.input_length else 0
+        e = self.cache.match(ids[:reach])
+        # only full blocks have a hash: the connector looks up and saves those alone
+        run.hashes = [i.to_bytes(8, "big") for i in ids[:full]]
         then, tool = self._then(req) if self.config.send_then else ("", "")
         found = await self.engine.serve_lookup(NAMESPACE, run.hashes, req.session_id or "",
                                                req.workload or "", request_id=run.rid,
@@ -301,21 +311,22 @@ class ServedReplay:
         hits["engine"] += e
         self.saved_s += e * self._block_s
         load_s = 0.0
-        for m in media[e:]:
+        for m in media[e:reach]:
             t = _TIER_OF_MEDIUM[m]
             hits[t] += 1
             self.saved_s += self._saved_s[t]
             load_s += self._load_s[t]
         self.lookups += len(ids)
         self.total_s += len(ids) * self._block_s
-        computed = max(0, req.input_length - max(e, s) * tokens)
+        computed = max(0, req.input_length - max(e, min(s, reach)) * tokens)
         prefill_s = load_s + computed / self.model.prefill_tokens_per_s
         tpot = self.model.time_per_output_token_s
         ttft = now - run.arrival + prefill_s + tpot
         self.ttft.append(ttft)
         if run.after_tool:
             self.ttft_after_tool.append(ttft)
-        run.engine_blocks = self.cache.acquire(ids[:full])
+        run.engine_blocks = self.cache.acquire(ids[:full],
+                                               partial=req.input_length > full * tokens)
         run.prefill_end = now + prefill_s
         run.finish = run.prefill_end + req.output_length * tpot
 
@@ -325,11 +336,9 @@ class ServedReplay:
         if start >= stop:
             return
         tokens = self.cost.block_tokens
-        last = len(hashes) - 1
-        tail = max(1, run.req.input_length - last * tokens)
         payload = self._payload
         await self._save(run, [NewBlock(hashes[j], hashes[j - 1] if j else None, (), payload,
-                                        tail if j == last else tokens)
+                                        tokens)
                                for j in range(start, stop)])
 
     async def _finish(self, run: _Run, i: int, now: float) -> float:

@@ -28,6 +28,7 @@ from kvstore.metrics import TimedTier, make_registry
 from kvstore.policies.cost import CostModel
 from kvstore.profile.live import LiveProfile
 from kvstore.security.server import ServerSecurity
+from kvstore.server.looplag import LoopLag
 from kvstore.server.servicer import KVStoreServicer
 from kvstore.tiers.base import Tier
 
@@ -83,6 +84,9 @@ class KVStoreServer:
         self._grpc: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._sweeper: asyncio.Task[None] | None = None
+        #: The event loop's lag, sampled while serving (the Stats RPC reports it).
+        self.loop_lag = LoopLag()
+        self._lag_task: asyncio.Task[None] | None = None
         #: Tiers the engine reported degraded at the last sweep (see ``_check_health``).
         self.degraded: list[str] = []
         self._metrics_server: Any = None
@@ -169,7 +173,7 @@ class KVStoreServer:
                                  interceptors=security.interceptors())
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(
             KVStoreServicer(self.engine, self.events, self.profile,
-                            max_put_streams=srv.max_put_streams),
+                            max_put_streams=srv.max_put_streams, loop_lag=self.loop_lag),
             server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
@@ -190,6 +194,8 @@ class KVStoreServer:
         await self._health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="sweeper")
+        self._lag_task = asyncio.get_running_loop().create_task(self.loop_lag.run(),
+                                                                name="loop-lag")
         if cfg.server.metrics_port:
             self._start_metrics()
         log.info("kvstore serving on %s (port %d, %s, %d tenants), tiers %s, policy %s, "
@@ -264,6 +270,9 @@ class KVStoreServer:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        if self._lag_task is not None:
+            self._lag_task.cancel()
+            self._lag_task = None
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server = None

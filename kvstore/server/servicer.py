@@ -42,6 +42,7 @@ from kvstore.server.convert import (
     slot_from_pb,
     slot_to_pb,
 )
+from kvstore.server.looplag import LoopLag
 from kvstore.tiers.base import Slot
 from kvstore.types import BlockMeta
 
@@ -121,8 +122,10 @@ def _owner(context: Any) -> str:
 
 class KVStoreServicer(pb_grpc.KVStoreServicer):
     def __init__(self, engine: Engine, events: Any = None,
-                 profile: LiveProfile | None = None, *, max_put_streams: int = 64) -> None:
+                 profile: LiveProfile | None = None, *, max_put_streams: int = 64,
+                 loop_lag: LoopLag | None = None) -> None:
         self.engine = engine
+        self.loop_lag = loop_lag
         self.plane = SlotPlane.for_engine(engine)
         self.events = events
         self.host_id = host_id()
@@ -224,7 +227,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                  for d, h in zip(request.slots, request.headers, strict=True)]
         stored = await self._plane().commit(request.namespace, items, request.session_id,
                                             request.workload, owner=_owner(context),
-                                            request_id=_rid(request.request_id))
+                                            request_id=_rid(request.request_id),
+                                            checksums=[d.checksum for d in request.slots])
         return pb.CommitResponse(stored=stored)
 
     @_unary
@@ -357,7 +361,17 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             quotas=self._quota_stats(tenant), retention=self._retention_stats(tenant),
             retained_granted=eng.retention.granted, retained_refused=eng.retention.refused,
             retained_returned=eng.retention.returned, retained_evicted=eng.retention.evicted,
+            loop_lag=self._loop_lag(request.loop_lag_window_s),
         )
+
+    def _loop_lag(self, window_s: float) -> pb.LoopLag | None:
+        if self.loop_lag is None:
+            return None
+        if not 0 < window_s < 1e6:
+            window_s = 10.0
+        lag = self.loop_lag.summary(window_s)
+        return pb.LoopLag(samples=lag.samples, p50_ms=lag.p50_ms, p99_ms=lag.p99_ms,
+                          max_ms=lag.max_ms)
 
     @_unary
     async def Profile(self, request: pb.ProfileRequest, context: Any) -> pb.ProfileResponse:

@@ -36,7 +36,74 @@ def _memcpy_gbps(size: int, n: int, repeats: int = 5) -> float:
     return size * n / best / 1e9
 
 
-def run(address: str, total_bytes: int, repeats: int) -> dict[str, Any]:
+def _storm_writer(address: str, stop: Any, block: int, blocks: int) -> None:
+    """Save as fast as one client can: ``blocks`` blocks of ``block`` bytes, put and
+    deleted again and again (in its own process: its copies do not hold our GIL)."""
+    from kvstore.client import KVStoreClient
+
+    data = make_blocks(blocks, block, seed=7)
+    with KVStoreClient(address) as c:
+        i = 0
+        while not stop.is_set():
+            ns = f"bench-storm-{i % 2}"
+            c.put(ns, data)
+            c.delete(ns)
+            i += 1
+
+
+def _loop_lag(address: str, window_s: float) -> dict[str, float] | None:
+    """The server's event-loop lag over the last ``window_s`` (None: not reported)."""
+    import grpc
+
+    from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
+    from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(address) as ch:
+        st = pb_grpc.KVStoreStub(ch).Stats(pb.StatsRequest(loop_lag_window_s=window_s))
+    if not st.HasField("loop_lag") or not st.loop_lag.samples:
+        return None
+    lag = st.loop_lag
+    return {"samples": lag.samples, "p50_ms": round(lag.p50_ms, 3),
+            "p99_ms": round(lag.p99_ms, 3), "max_ms": round(lag.max_ms, 3)}
+
+
+def _save_storm(address: str, hashes: list[bytes], seconds: float) -> dict[str, Any]:
+    """Lookups of the 1,000 stored hashes while another process saves 1 MiB blocks
+    without pause; the server's loop lag over the same seconds, and before them."""
+    import multiprocessing
+
+    from kvstore.client import KVStoreClient
+
+    quiet = _loop_lag(address, 2.0)
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    writer = ctx.Process(target=_storm_writer, args=(address, stop, 2**20, 32), daemon=True)
+    writer.start()
+    lat: list[float] = []
+    try:
+        with KVStoreClient(address) as c:
+            time.sleep(1.0)  # the writer's start (imports, its first put)
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                t0 = time.perf_counter()
+                c.lookup("bench-lookup", hashes)
+                lat.append(time.perf_counter() - t0)
+                time.sleep(0.002)
+        lag = _loop_lag(address, seconds)
+    finally:
+        stop.set()
+        writer.join(30)
+        if writer.is_alive():
+            writer.kill()
+    lat.sort()
+    return {"seconds": seconds, "lookups": len(lat),
+            "lookup_p50_ms": round(statistics.median(lat) * 1e3, 3),
+            "lookup_p99_ms": round(lat[int(len(lat) * 0.99)] * 1e3, 3),
+            "loop_lag": lag, "loop_lag_quiet": quiet}
+
+
+def run(address: str, total_bytes: int, repeats: int, storm_s: float = 5.0
+        ) -> dict[str, Any]:
     from kvstore.client import KVStoreClient
 
     results: dict[str, Any] = {"address": address, "rows": []}
@@ -69,6 +136,7 @@ def run(address: str, total_bytes: int, repeats: int) -> dict[str, Any]:
             "p50_ms": round(statistics.median(lat) * 1e3, 3),
             "p99_ms": round(lat[int(len(lat) * 0.99)] * 1e3, 3),
         }
+        results["storm"] = _save_storm(address, hashes, storm_s)
         c.delete("bench-lookup")
     # The live profile's hook runs inside every Lookup: its share of one, same hashes.
     from kvstore.profile.live import LiveProfile
@@ -98,6 +166,16 @@ def _print(results: dict[str, Any]) -> None:
     print(f"lookup of 1,000 hashes: p50 {lk['p50_ms']:.3f} ms, p99 {lk['p99_ms']:.3f} ms; "
           f"live-profile hook p50 {lk['profile_hook_p50_ms']:.3f} ms "
           f"({lk['profile_hook_share']:.1%} of the lookup)")
+    st = results["storm"]
+
+    def lag(d: dict[str, float] | None) -> str:
+        return (f"p50 {d['p50_ms']:.3f} ms, p99 {d['p99_ms']:.3f} ms, max {d['max_ms']:.3f} ms"
+                if d else "not reported by this server")
+
+    print(f"under a save storm ({st['seconds']:.0f} s, 32 x 1 MiB puts back to back from "
+          f"another process): lookup p50 {st['lookup_p50_ms']:.3f} ms, "
+          f"p99 {st['lookup_p99_ms']:.3f} ms; server loop lag {lag(st['loop_lag'])} "
+          f"(quiet: {lag(st['loop_lag_quiet'])})")
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -111,10 +189,10 @@ def _main(args: argparse.Namespace) -> int:
             Path(args.json).write_text(json.dumps(results, indent=2))
         return 0
     if args.address:
-        results = run(args.address, total, args.repeats)
+        results = run(args.address, total, args.repeats, args.storm_s)
     else:
         with dram_only_server(f"{max(512, int(args.mib * 3))}MiB") as address:
-            results = run(address, total, args.repeats)
+            results = run(address, total, args.repeats, args.storm_s)
     _print(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
@@ -127,6 +205,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--mib", type=float, default=256, help="bytes per run, MiB (default 256)")
     p.add_argument("--repeats", type=int, default=5, help="best of N runs (default 5)")
     p.add_argument("--json", help="write the results as JSON here")
+    p.add_argument("--storm-s", type=float, default=5.0,
+                   help="seconds of the save storm (lookups and loop lag under it)")
     p.add_argument("--tls", action="store_true",
                    help="gRPC put/get over TLS vs plaintext (two local servers, openssl-made "
                         "certificates); prints the ratio")

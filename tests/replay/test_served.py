@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,6 +50,11 @@ def req(t_ms: int, ids: Sequence[int], out: int = 0, **kw: object) -> Request:
     return Request(t_ms, len(ids) * 512, out, tuple(ids), **kw)  # type: ignore[arg-type]
 
 
+def full_blocks_only(reqs: Sequence[Request]) -> list[Request]:
+    """The requests without the id of their partial last block (the length is kept)."""
+    return [dataclasses.replace(r, hash_ids=r.hash_ids[:r.input_length // 512]) for r in reqs]
+
+
 def served(reqs: Sequence[Request], policy: str, engine: int, dram: int, hold: int = 0,
            model: EngineModel = INSTANT, **kw: object) -> ServedResult:
     cfg = ServedConfig(engine, (TierBudget("dram", dram),), hold, model=model,
@@ -68,6 +74,36 @@ def test_engine_cache_evicts_freed_blocks_lru_tail_first() -> None:
     c.acquire([1, 5, 6])  # 1 reused; 5 and 6 evict 2, then 8 (b's tail, freed before 7)
     assert 2 not in c and 8 not in c and 7 in c and 1 in c
     assert EngineCache(2).acquire([1, 2, 3]) == (1, 2)  # what finds no room is not cached
+
+
+def test_engine_cache_partial_block_takes_a_slot_and_frees_to_an_empty_one() -> None:
+    # vLLM allocates a prompt's partial last block like any other; it has no hash, and
+    # when freed it is reused first (evicting nothing).
+    c = EngineCache(4)
+    a = c.acquire([1, 2, 3], partial=True)
+    assert len(a) == 4 and len(c) == 4 and c.room() == 0
+    assert c.acquire([7]) == ()  # every slot pinned, the partial one too
+    c.release(a)
+    assert len(c) == 3 and c.room() == 4
+    b = c.acquire([7], partial=True)  # the empty slot, then 3 (the tail) is evicted
+    assert c.match([1, 2, 3]) == 2 and 7 in c
+    c.release(b)
+    assert c.match([1, 2]) == 2 and c.room() == 4
+
+
+def test_a_partial_last_block_is_never_saved_or_hit() -> None:
+    # Block 3 is partial in the first request (2 x 512 + 100 tokens) and full in the
+    # second: the connector never looks up or saves a block without a hash, so the
+    # second request finds 1 and 2 alone. A prompt of whole blocks hits all but its last
+    # block (the engine computes the last token).
+    reqs = [Request(0, 1124, 0, (1, 2, 3), session_id="s"),
+            Request(1000, 1636, 0, (1, 2, 3, 4), session_id="s")]
+    assert served(reqs, "lru", engine=0, dram=20).hit_blocks == 2
+    assert served(reqs, "lru", engine=8, dram=20).hits_by_tier["engine"] * 7 == \
+        pytest.approx(2)
+    whole = [req(0, [1, 2, 3], session_id="s"), req(1000, [1, 2, 3], session_id="s")]
+    for engine in (0, 8):
+        assert served(whole, "lru", engine=engine, dram=20).hit_blocks == 2
 
 
 def test_computed_block_is_an_engine_hit_without_the_policy(refuser: None) -> None:
@@ -93,6 +129,9 @@ def test_lookups_carry_then_and_tool(refuser: None) -> None:
     assert Refuser.seen[-1].then == "session_end"
     served(reqs, "refuser", engine=4, dram=4, send_then=False)
     assert {r.then for r in Refuser.seen} == {""}
+    # A client that says nothing: the connector sends a plain turn end (its default).
+    served([req(0, [1], session_id="s")], "refuser", engine=4, dram=4)
+    assert [r.then for r in Refuser.seen] == ["turn_end"]
 
 
 def test_decode_blocks_are_saved_and_hit_by_the_next_turn() -> None:
@@ -126,8 +165,11 @@ def test_holds_keep_a_tool_call_turn_in_the_engine(refuser: None) -> None:
 @pytest.mark.parametrize("policy", ["lru", "ttl", "workload"])
 def test_engine_blocks_0_is_the_single_tier_replay(policy: str) -> None:
     # The served loop with the engine cache off and what it adds neutralised (no time,
-    # no decode saves, the old hints) is exactly the single-tier replay.
-    reqs = generate("agent", GenConfig(sessions=25, duration_s=600.0, seed=3, scale=0.05))
+    # no decode saves, the old hints) is exactly the single-tier replay, on requests
+    # whose trace blocks are all full: the served replay, as vLLM, never looks up or
+    # saves a partial last block (the single-tier replay stores it like the others).
+    reqs = full_blocks_only(generate("agent", GenConfig(sessions=25, duration_s=600.0,
+                                                        seed=3, scale=0.05)))
     for cap in (20, 80):
         old = asyncio.run(replay_offline(reqs, policy, [TierBudget("dram", cap)], CostModel()))
         new = served(reqs, policy, engine=0, dram=cap, decode_saves=False, trust_end=True,
@@ -149,11 +191,16 @@ def test_time_model_overlaps_requests_and_prices_loads() -> None:
     r = served(reqs, "lru", engine=0, dram=10, model=model)
     assert r.ttft_p50_s == pytest.approx(1.024 + 0.01)
     assert r.ttft_p99_s == pytest.approx(2 * 1.024 + 0.01)  # queued behind the first two
-    # A DRAM hit is loaded at the tier's bandwidth, not computed.
-    again = [req(0, [1, 2], session_id="s"), req(10_000, [1, 2], session_id="s")]
+    # A DRAM hit is loaded at the tier's bandwidth, not computed: both full blocks (the
+    # 1,025th token is computed; with 1,024 tokens only one block could be a hit).
+    again = [Request(0, 1025, 0, (1, 2), session_id="s"),
+             Request(10_000, 1025, 0, (1, 2), session_id="s")]
     r = served(again, "lru", engine=0, dram=10, model=model)
     load = 2 * CostModel().block_bytes / 20e9
-    assert sorted([r.ttft_p50_s, r.ttft_p99_s]) == pytest.approx([load + 0.01, 1.034])
+    assert sorted([r.ttft_p50_s, r.ttft_p99_s]) == pytest.approx([load + 0.011, 1.035])
+    aligned = served([req(0, [1, 2], session_id="s"), req(10_000, [1, 2], session_id="s")],
+                     "lru", engine=0, dram=10, model=model)
+    assert aligned.hit_blocks == 1
 
 
 def test_mover_transfers_take_time() -> None:
@@ -218,7 +265,8 @@ def test_cli_hbm_blocks_points_at_engine_blocks(tmp_path: Path,
 
 
 def test_cli_instant_single_tier_is_the_old_replay(tmp_path: Path) -> None:
-    reqs = generate("agent", GenConfig(sessions=15, duration_s=300.0, seed=2, scale=0.05))
+    reqs = full_blocks_only(generate("agent", GenConfig(sessions=15, duration_s=300.0, seed=2,
+                                                        scale=0.05)))
     trace = tmp_path / "t.jsonl"
     dump_trace(reqs, trace)
     out = tmp_path / "r.json"

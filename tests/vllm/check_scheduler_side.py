@@ -113,10 +113,10 @@ def check_a_waiting_request_costs_one_lookup() -> None:
     for step in range(50):  # 50 steps waiting, 10 ms apart, the local hit changing
         now[0] += 0.01
         assert s.get_num_new_matched_tokens(req, BS if step % 2 else 0) == (
-            (1 if step % 2 else 2) * BS, False)
+            (1 if step % 2 else 2) * BS, True)
     assert len(client.lookups) == 1
     now[0] += 1.0  # older than lookup_max_age_s: asked again
-    assert s.get_num_new_matched_tokens(req, 0) == (2 * BS, False)
+    assert s.get_num_new_matched_tokens(req, 0) == (2 * BS, True)
     assert len(client.lookups) == 2
     # Scheduled (allocated), then preempted: it waits again and asks again.
     s.update_state_after_alloc(req, FakeBlocks([7, 8, 9]), 2 * BS)
@@ -132,7 +132,7 @@ def check_a_waiting_request_costs_one_lookup() -> None:
 
     s.build_connector_meta(Preempted())
     client.stored.add(req.block_hashes[2])  # the sidecar has more by now
-    assert s.get_num_new_matched_tokens(req, 0) == (2 * BS, False)  # last token computed
+    assert s.get_num_new_matched_tokens(req, 0) == (2 * BS, True)  # last token computed
     assert len(client.lookups) == 4 and s._reqs["w"].sidecar_blocks == 3
     # Finished: a new request under the same id is a new lookup.
     s.request_finished(req, [])
@@ -210,7 +210,7 @@ def check_loads_stored_prefix_leaving_the_last_token() -> None:
     req = FakeRequest("r", list(range(1, 13)))  # 12 tokens, 3 full blocks
     s = side(FakeClient(set(req.block_hashes)))
     # All 3 blocks stored, but the last token must be computed: load 2 blocks.
-    assert s.get_num_new_matched_tokens(req, 0) == (2 * BS, False)
+    assert s.get_num_new_matched_tokens(req, 0) == (2 * BS, True)
     s.update_state_after_alloc(req, FakeBlocks([7, 8, 9]), 2 * BS)
     meta = s.build_connector_meta(
         SchedOut([NewReq("r", ([7, 8, 9],), 8)], num_scheduled_tokens={"r": 4})
@@ -220,12 +220,53 @@ def check_loads_stored_prefix_leaving_the_last_token() -> None:
     assert not meta.saves  # block 2 is stored already: nothing to save
 
 
+def check_loads_are_asynchronous_unless_configured_not_to_be() -> None:
+    """``load_async`` (the default): vLLM is told to wait off the step, the plan is
+    asynchronous, the receive is counted; finished while loading: no hold of ours (vLLM
+    frees the blocks once the workers report the receive); a failed load is not
+    offered again. ``load_async=False``: a synchronous plan."""
+    req = FakeRequest("r", list(range(1, 13)), {"session_id": "s", "after": "tool_call"})
+    client = FakeClient(set(req.block_hashes))
+    client.keep_ms = 1000.0  # the policy would keep its blocks in the engine
+    s = side(client, hold_max_ms=5000)
+    assert s.get_num_new_matched_tokens(req, 0) == (2 * BS, True)
+    s.update_state_after_alloc(req, FakeBlocks([7, 8, 9]), 2 * BS)
+    (plan,) = s.build_connector_meta(SchedOut()).loads
+    assert plan.asynchronous and plan.block_ids == (7, 8)
+    delayed, params = s.request_finished(req, [7, 8])  # aborted while it loads
+    assert delayed is False and params is not None and params["kvstore"]["held_ms"] == 0
+
+    again = FakeRequest("a", list(range(1, 13)))
+    s.get_num_new_matched_tokens(again, 0)
+    s.update_state_after_alloc(again, FakeBlocks([3, 4, 5]), 2 * BS)
+    s.build_connector_meta(SchedOut())
+
+    class Out:
+        kv_connector_worker_meta = WorkerReport(load_failed={"a": 2})
+        finished_recving = {"a"}
+
+    s.update_connector_output(Out())
+    # Failed from its first block: vLLM frees its blocks and asks again; no load.
+    assert s.get_num_new_matched_tokens(again, 0) == (0, False)
+    kv = s.request_finished(again, [])[1]["kvstore"]  # type: ignore[index]
+    assert kv["async_loads"] == 1 and kv["load_failed_tokens"] == 2 * BS
+    assert kv["totals"]["async_loads"] == 1
+
+    sync = side(FakeClient(set(req.block_hashes)), load_async=False)
+    assert sync.get_num_new_matched_tokens(req, 0) == (2 * BS, False)
+    sync.update_state_after_alloc(req, FakeBlocks([7, 8, 9]), 2 * BS)
+    (plan,) = sync.build_connector_meta(SchedOut()).loads
+    assert not plan.asynchronous
+    for x in (s, sync):
+        x.shutdown()
+
+
 def check_local_hit_beyond_sidecar_and_min_load() -> None:
     req = FakeRequest("r", list(range(1, 22)))  # 5 full blocks
     s = side(FakeClient(set(req.block_hashes[:2])), min_load_blocks=2)
     assert s.get_num_new_matched_tokens(req, 3 * BS) == (0, False)  # local has more
     assert s.get_num_new_matched_tokens(req, 1 * BS) == (0, False)  # 1 block < min 2
-    assert s.get_num_new_matched_tokens(req, 0) == (2 * BS, False)
+    assert s.get_num_new_matched_tokens(req, 0) == (2 * BS, True)
 
 
 def check_saves_blocks_as_they_fill_across_chunks_and_decode() -> None:

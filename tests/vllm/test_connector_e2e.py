@@ -264,4 +264,4 @@ def test_scheduler_side_against_fakes(vllm_python: str) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "all ok" in proc.stdout
-    assert proc.stdout.count("ok check_") == 9
+    assert proc.stdout.count("ok check_") == 10

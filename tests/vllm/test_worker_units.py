@@ -142,14 +142,87 @@ def test_finished_requests_wait_for_their_saves_and_holds() -> None:
     assert not written and time.monotonic() - started < 1.0  # queued, not waited for
     # The request finished; its id arrives with a 50 ms hold, in an idle step.
     side.start_load_kv(KVStoreConnectorMetadata(holds={"r": 0.05}, idle=True))
-    assert side.get_finished({"r"}, idle=True) is None  # its save is still pending
+    assert side.get_finished({"r"}, idle=True) == (None, None)  # its save is still pending
     gate.set()
     deadline = time.monotonic() + 5.0
     done = None
     while done is None and time.monotonic() < deadline:
-        done = side.get_finished(set(), idle=True)
+        done, _ = side.get_finished(set(), idle=True)
     assert done == {"r"} and written == [0]
     report = side.take_report()
     assert report is not None and report.saved == {"r": 1} and report.save_bytes > 0
-    assert side.get_finished(set()) is None  # reported once
+    assert side.get_finished(set()) == (None, None)  # reported once
     side.shutdown()
+
+
+def _received(side: WorkerSide, timeout_s: float) -> tuple[set[str], set[int], Any]:
+    """Idle steps (no forward) until get_finished reports receives."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        side.start_load_kv(KVStoreConnectorMetadata(idle=True))
+        _, received = side.get_finished(set(), idle=True)
+        if received:
+            return received, side.take_load_errors(), side.take_report()
+    raise AssertionError("no receive reported")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_asynchronous_loads_are_reported_received_when_in_place(link: SidecarLink,
+                                                                 path: str) -> None:
+    """``start_load_kv`` returns before the blocks are copied; ``get_finished`` reports
+    each request among its receives once they are, failed blocks first."""
+    a, a_kv = worker(link, path, seed=0)
+    b, b_kv = worker(SidecarLink(link.address, 5.0, 1.0), path, seed=1)
+    hashes = [os.urandom(32) for _ in range(4)]
+    step(a, KVStoreConnectorMetadata(saves=[save_plan("w", hashes, [1, 2, 3, 4])]))
+    assert a._saves is not None and a._saves.drain(10.0)
+    loads = [LoadPlan("r1", tuple(hashes[:2]), (9, 10), asynchronous=True),
+             LoadPlan("r2", (hashes[2], os.urandom(32)), (11, 12), asynchronous=True)]
+    errors, _ = step(b, KVStoreConnectorMetadata(loads=loads))
+    assert not errors  # nothing settled inside the step
+    received, errors, report = _received(b, 10.0)
+    assert received == {"r1", "r2"} and errors == {12}
+    assert report.loaded == {"r1": 2, "r2": 1} and report.load_failed == {"r2": 1}
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+    for name, t in a_kv.items():
+        assert torch.equal(b_kv[name][[9, 10, 11]], t[[1, 2, 3]]), name
+    assert b.get_finished(set()) == (None, None)  # reported once
+    a.shutdown()
+    b.shutdown()
+
+
+def test_a_late_asynchronous_load_is_given_up_and_copies_nothing(link: SidecarLink) -> None:
+    """A load still waiting for the sidecar at ``timeout_s``: its request is reported
+    received with every block failed (recomputed), and when the sidecar answers later
+    nothing is copied into the blocks the engine recomputes meanwhile."""
+    a, a_kv = worker(link, "direct", seed=0)
+    hashes = [os.urandom(32) for _ in range(2)]
+    step(a, KVStoreConnectorMetadata(saves=[save_plan("w", hashes, [1, 2])]))
+    assert a._saves is not None and a._saves.drain(10.0)
+    gate = threading.Event()
+
+    class SlowRead(SidecarLink):
+        def call(self, op: str, fn: Any, default: Any) -> Any:
+            if op == "get":
+                gate.wait(10.0)
+            return super().call(op, fn, default)
+
+    b = WorkerSide(SlowRead(link.address, 5.0, 1.0), "ns", NB, BS, timeout_s=0.3,
+                   host_threads=2, staged=False)
+    b_kv = make_kv_caches("LBNHC", num_blocks=NB, seed=1, device=DEVICE)
+    b.register_kv_caches(b_kv)
+    before = {name: t[[9, 10]].clone() for name, t in b_kv.items()}
+    started = time.monotonic()
+    step(b, KVStoreConnectorMetadata(loads=[LoadPlan("r", tuple(hashes), (9, 10),
+                                                     asynchronous=True)]))
+    assert time.monotonic() - started < 0.2  # not waited for in the step
+    received, errors, report = _received(b, 5.0)
+    assert received == {"r"} and errors == {9, 10} and report.load_failed == {"r": 2}
+    assert 0.3 <= time.monotonic() - started < 2.0
+    gate.set()  # the sidecar answers now: the given-up load must not write
+    time.sleep(0.5)
+    for name, t in b_kv.items():
+        assert torch.equal(t[[9, 10]], before[name]), name
+    a.shutdown()
+    b.shutdown()

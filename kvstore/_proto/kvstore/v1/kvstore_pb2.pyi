@@ -309,8 +309,22 @@ class RetainResponse(_message.Message):
     def __init__(self, protected: _Optional[int] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("loop_lag_window_s",)
+    LOOP_LAG_WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    loop_lag_window_s: float
+    def __init__(self, loop_lag_window_s: _Optional[float] = ...) -> None: ...
+
+class LoopLag(_message.Message):
+    __slots__ = ("samples", "p50_ms", "p99_ms", "max_ms")
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    P50_MS_FIELD_NUMBER: _ClassVar[int]
+    P99_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MS_FIELD_NUMBER: _ClassVar[int]
+    samples: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    def __init__(self, samples: _Optional[int] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., max_ms: _Optional[float] = ...) -> None: ...
 
 class TierStats(_message.Message):
     __slots__ = ("name", "medium", "capacity_bytes", "used_bytes", "blocks", "hits", "evictions")
@@ -331,7 +345,7 @@ class TierStats(_message.Message):
     def __init__(self, name: _Optional[str] = ..., medium: _Optional[_Union[Medium, str]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., hits: _Optional[int] = ..., evictions: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("tiers", "blocks", "namespaces", "lookups", "lookup_hit_blocks", "lookup_miss_blocks", "puts", "gets", "bytes_in", "bytes_out", "pending_moves", "version", "sessions", "events_published", "transfers_failed", "transfers_dropped", "events_dropped", "corrupt_reads", "orphans_dropped", "demotions_failed", "startup_skipped", "quarantined_slots", "policy", "quotas", "retention", "retained_granted", "retained_refused", "retained_returned", "retained_evicted")
+    __slots__ = ("tiers", "blocks", "namespaces", "lookups", "lookup_hit_blocks", "lookup_miss_blocks", "puts", "gets", "bytes_in", "bytes_out", "pending_moves", "version", "sessions", "events_published", "transfers_failed", "transfers_dropped", "events_dropped", "corrupt_reads", "orphans_dropped", "demotions_failed", "startup_skipped", "quarantined_slots", "policy", "quotas", "retention", "retained_granted", "retained_refused", "retained_returned", "retained_evicted", "loop_lag")
     TIERS_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACES_FIELD_NUMBER: _ClassVar[int]
@@ -361,6 +375,7 @@ class StatsResponse(_message.Message):
     RETAINED_REFUSED_FIELD_NUMBER: _ClassVar[int]
     RETAINED_RETURNED_FIELD_NUMBER: _ClassVar[int]
     RETAINED_EVICTED_FIELD_NUMBER: _ClassVar[int]
+    LOOP_LAG_FIELD_NUMBER: _ClassVar[int]
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
     blocks: int
     namespaces: int
@@ -390,7 +405,8 @@ class StatsResponse(_message.Message):
     retained_refused: int
     retained_returned: int
     retained_evicted: int
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., blocks: _Optional[int] = ..., namespaces: _Optional[int] = ..., lookups: _Optional[int] = ..., lookup_hit_blocks: _Optional[int] = ..., lookup_miss_blocks: _Optional[int] = ..., puts: _Optional[int] = ..., gets: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., pending_moves: _Optional[int] = ..., version: _Optional[str] = ..., sessions: _Optional[int] = ..., events_published: _Optional[int] = ..., transfers_failed: _Optional[int] = ..., transfers_dropped: _Optional[int] = ..., events_dropped: _Optional[int] = ..., corrupt_reads: _Optional[int] = ..., orphans_dropped: _Optional[int] = ..., demotions_failed: _Optional[int] = ..., startup_skipped: _Optional[int] = ..., quarantined_slots: _Optional[int] = ..., policy: _Optional[str] = ..., quotas: _Optional[_Iterable[_Union[QuotaStats, _Mapping]]] = ..., retention: _Optional[_Iterable[_Union[RetentionStats, _Mapping]]] = ..., retained_granted: _Optional[int] = ..., retained_refused: _Optional[int] = ..., retained_returned: _Optional[int] = ..., retained_evicted: _Optional[int] = ...) -> None: ...
+    loop_lag: LoopLag
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., blocks: _Optional[int] = ..., namespaces: _Optional[int] = ..., lookups: _Optional[int] = ..., lookup_hit_blocks: _Optional[int] = ..., lookup_miss_blocks: _Optional[int] = ..., puts: _Optional[int] = ..., gets: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., pending_moves: _Optional[int] = ..., version: _Optional[str] = ..., sessions: _Optional[int] = ..., events_published: _Optional[int] = ..., transfers_failed: _Optional[int] = ..., transfers_dropped: _Optional[int] = ..., events_dropped: _Optional[int] = ..., corrupt_reads: _Optional[int] = ..., orphans_dropped: _Optional[int] = ..., demotions_failed: _Optional[int] = ..., startup_skipped: _Optional[int] = ..., quarantined_slots: _Optional[int] = ..., policy: _Optional[str] = ..., quotas: _Optional[_Iterable[_Union[QuotaStats, _Mapping]]] = ..., retention: _Optional[_Iterable[_Union[RetentionStats, _Mapping]]] = ..., retained_granted: _Optional[int] = ..., retained_refused: _Optional[int] = ..., retained_returned: _Optional[int] = ..., retained_evicted: _Optional[int] = ..., loop_lag: _Optional[_Union[LoopLag, _Mapping]] = ...) -> None: ...
 
 class RetentionStats(_message.Message):
     __slots__ = ("tenant", "tier", "retained_bytes", "limit_bytes")

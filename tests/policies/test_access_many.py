@@ -1,0 +1,65 @@
+"""``on_access_many`` (a lookup's hits in one call) is ``on_access`` of each, in order,
+for every registered policy: the same eviction order and the same next plan after it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from kvstore.policies.base import BlockInfo, Policy, RequestInfo, TierSpec
+
+from kvstore import policies
+
+BLOCK = 100
+TIERS = [TierSpec("dram", 30 * BLOCK, 25e9), TierSpec("disk", 60 * BLOCK, 3e9)]
+
+
+def _drive(policy: Policy, batched: bool, seed: int) -> list[object]:
+    """Lookups over shared and private chains, with stores and evictions as the engine
+    makes them (a full tier gives up the policy's first victim); what the policy said."""
+    rng = random.Random(seed)
+    seen: list[object] = []
+    where: dict[object, str] = {}
+    room = {t.name: t.capacity_bytes // BLOCK for t in TIERS}
+    now = 0.0
+    for step in range(80):
+        now += rng.choice((0.5, 3.0, 40.0))
+        session = f"s{rng.randrange(4)}"
+        keys: list[object] = [("shared", rng.randrange(3), i) for i in range(rng.randrange(2, 6))]
+        keys += [(session, step, i) for i in range(rng.randrange(1, 5))]
+        hit = [where.get(k) for k in keys]
+        req = RequestInfo(keys, hit, session_id=session, workload="chat", block_bytes=BLOCK,
+                          block_tokens=16, last_tokens=16)
+        plan = policy.on_request(req, now)
+        seen.append((sorted(map(str, plan.admit.items())), plan.keep_s))
+        hits = [(k, t) for k, t in zip(keys, hit, strict=True) if t is not None][::-1]
+        if batched:
+            policy.on_access_many([k for k, _ in hits], [t for _, t in hits], now)
+        else:
+            for k, t in hits:
+                policy.on_access(k, t, now)
+        for k, t in zip(keys, hit, strict=True):
+            tier = plan.admit.get(k)
+            if t is not None or tier is None:
+                continue
+            if not room[tier]:
+                victim = next(iter(policy.victims(tier, frozenset(keys), now)), None)
+                if victim is None:
+                    continue
+                policy.on_remove(victim, tier)
+                del where[victim]
+                room[tier] += 1
+                seen.append(("evicted", str(victim)))
+            policy.on_insert(BlockInfo(k, BLOCK, session_id=session, workload="chat"), tier, now)
+            where[k] = tier
+            room[tier] -= 1
+        for tier in room:
+            seen.append((tier, [str(k) for k in policy.victims(tier, frozenset(), now)]))
+    return seen
+
+
+@pytest.mark.parametrize("name", policies.available())
+def test_on_access_many_is_on_access_of_each(name: str) -> None:
+    for seed in (1, 2, 3):
+        one, many = policies.create(name, TIERS), policies.create(name, TIERS)
+        assert _drive(many, True, seed) == _drive(one, False, seed)

@@ -1,0 +1,184 @@
+"""The save path's control plane and checksums (issue 25): one Reserve and one Commit
+per request, the writer's checksum recorded instead of re-hashing the slots on the
+server's event loop, and a writer whose checksum lies caught at the first read."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+import pytest
+import xxhash
+
+from kvstore import KVStoreClient
+from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
+from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
+from kvstore.client import BlockSpec, SlotBuffer
+from kvstore.engine import dataplane
+from kvstore.tiers.shm import attach_segment
+from kvstore.types import BlockKey
+from tests.blocks import make_chain
+
+KiB, MiB = 2**10, 2**20
+
+
+class _CountingXXHash:
+    """``xxhash`` as the data plane sees it, counting its hashes and their threads."""
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+
+    def xxh3_64_intdigest(self, data: Any) -> int:
+        self.threads.append(threading.current_thread().name)
+        return int(xxhash.xxh3_64_intdigest(data))
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, plane: Any, *names: str) -> Counter[str]:
+    """Count the servicer's calls of the plane's ``names`` (one per RPC)."""
+    calls: Counter[str] = Counter()
+    for name in names:
+        orig = getattr(plane, name)
+
+        async def counted(*args: Any, orig: Any = orig, name: str = name, **kw: Any) -> Any:
+            calls[name] += 1
+            return await orig(*args, **kw)
+
+        monkeypatch.setattr(plane, name, counted)
+    return calls
+
+
+def test_a_request_saves_with_one_reserve_and_one_commit(server, monkeypatch):
+    # 127 blocks of 768 KiB (one vLLM request's save, 95 MiB): the old client sent a
+    # Reserve/Commit pair per 32 MiB (three of each).
+    blocks = make_chain(127, 768 * KiB, seed=11)
+    specs = [BlockSpec(b.block_hash, b.parent_hash, tuple(b.token_ids), len(b.payload))
+             for b in blocks]
+    calls = _count_calls(monkeypatch, server.engine.plane, "reserve", "commit")
+
+    def fill(batch: Sequence[tuple[int, SlotBuffer]]) -> None:
+        for i, slot in batch:
+            slot.view()[:] = blocks[i].payload
+
+    with KVStoreClient(server.address, shared_memory=True) as c:
+        assert c.put_in_place("m", specs, fill, request_id="r1") == 127
+        assert calls == {"reserve": 1, "commit": 1}
+        got = c.get("m", [b.block_hash for b in blocks])
+    assert [g.payload if g else None for g in got] == [b.payload for b in blocks]
+
+
+def test_the_server_records_the_writers_checksum_without_hashing(server, monkeypatch):
+    counting = _CountingXXHash()
+    monkeypatch.setattr(dataplane, "xxhash", counting)
+    blocks = make_chain(20, 256 * KiB, seed=12)
+    with KVStoreClient(server.address, shared_memory=True) as c:
+        assert c.put("m", blocks) == 20
+    assert counting.threads == []  # the commit read none of the 5 MiB it stored
+    index = server.engine.index
+    for b in blocks:
+        entry = index.get(BlockKey("m", b.block_hash))
+        assert entry is not None and entry.meta.checksum == xxhash.xxh3_64_intdigest(b.payload)
+
+
+def _reserve(stub: Any, namespace: str, blocks: Sequence[Any]) -> list[pb.SlotDescriptor]:
+    resv = stub.Reserve(pb.ReserveRequest(namespace=namespace,
+                                          sizes=[len(b.payload) for b in blocks],
+                                          block_hashes=[b.block_hash for b in blocks]))
+    slots = list(resv.slots)
+    for d, b in zip(slots, blocks, strict=True):
+        seg = attach_segment(d.segment)
+        try:
+            seg.buf[d.offset:d.offset + d.length] = b.payload
+        finally:
+            seg.close()
+    return slots
+
+
+def _headers(blocks: Sequence[Any]) -> list[pb.BlockHeader]:
+    return [pb.BlockHeader(block_hash=b.block_hash, parent_hash=b.parent_hash or b"",
+                           token_ids=list(b.token_ids), size=len(b.payload)) for b in blocks]
+
+
+def test_a_commit_without_checksums_is_hashed_off_the_event_loop(server, monkeypatch):
+    counting = _CountingXXHash()
+    monkeypatch.setattr(dataplane, "xxhash", counting)
+    blocks = make_chain(8, 512 * KiB, seed=13)
+    loop_thread = server._thread.name
+    with grpc.insecure_channel(server.address) as ch:
+        stub = pb_grpc.KVStoreStub(ch)
+        slots = _reserve(stub, "m", blocks)  # an older writer: no checksum sent
+        assert stub.Commit(pb.CommitRequest(namespace="m", slots=slots,
+                                            headers=_headers(blocks))).stored == 8
+    assert len(counting.threads) == 8 and loop_thread not in counting.threads
+    for b in blocks:
+        entry = server.engine.index.get(BlockKey("m", b.block_hash))
+        assert entry is not None and entry.meta.checksum == xxhash.xxh3_64_intdigest(b.payload)
+
+
+@pytest.mark.parametrize("shared_memory", [True, False], ids=["shm", "grpc"])
+def test_a_writer_whose_checksum_lies_is_caught_at_the_first_read(server, shared_memory):
+    blocks = make_chain(3, 64 * KiB, seed=14)
+    hashes = [b.block_hash for b in blocks]
+    with grpc.insecure_channel(server.address) as ch:
+        stub = pb_grpc.KVStoreStub(ch)
+        slots = _reserve(stub, "m", blocks)
+        for d, b in zip(slots, blocks, strict=True):
+            d.checksum = xxhash.xxh3_64_intdigest(b.payload)
+        slots[1].checksum ^= 1  # block 1's writer sends a checksum its bytes do not have
+        assert stub.Commit(pb.CommitRequest(namespace="m", slots=slots,
+                                            headers=_headers(blocks))).stored == 3
+    with KVStoreClient(server.address, shared_memory=shared_memory) as c:
+        assert c.uses_shared_memory is shared_memory
+        got = c.get("m", hashes)
+        assert got[0] is not None and got[0].payload == blocks[0].payload
+        assert got[1] is None  # refused: its bytes do not match what was recorded
+        assert got[2] is not None and got[2].payload == blocks[2].payload
+        assert c.stats().corrupt_reads >= 1
+        server.drain()
+        # dropped (its copy to disk refused the mismatch too): the prefix ends before it
+        assert c.lookup("m", hashes).num_hit == 1
+
+
+def test_stats_report_the_event_loops_lag(server):
+    with grpc.insecure_channel(server.address) as ch:
+        stub = pb_grpc.KVStoreStub(ch)
+        stub.Stats(pb.StatsRequest())
+        threading.Event().wait(0.3)
+        lag = stub.Stats(pb.StatsRequest(loop_lag_window_s=60)).loop_lag
+    assert lag.samples >= 10  # one every 5 ms while the server ran
+    assert 0 <= lag.p50_ms <= lag.p99_ms <= lag.max_ms < 60_000
+
+
+def test_a_large_delete_lets_the_event_loop_run_other_calls(server_factory):
+    import asyncio
+
+    server = server_factory(disk={"enabled": False})  # DRAM deletes never wait on I/O
+    blocks = make_chain(1024, 4 * KiB, seed=15)
+    with KVStoreClient(server.address, shared_memory=True) as c:
+        assert c.put("m", blocks) == 1024
+
+    async def race() -> tuple[int, int]:
+        ticks = 0
+        done = asyncio.Event()
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not done.is_set():
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.get_running_loop().create_task(ticker())
+        await asyncio.sleep(0)
+        before = ticks
+        deleted = await server.engine.delete("m", [])
+        done.set()
+        await task
+        return deleted, ticks - before
+
+    deleted, ran = server.run(race())
+    assert deleted == 1024
+    assert ran >= 3  # other calls ran while the 1,024 blocks were deleted
+    with KVStoreClient(server.address) as c:
+        assert c.lookup("m", [b.block_hash for b in blocks]).num_hit == 0
