@@ -275,7 +275,7 @@ class Torture:
     # ---- verification -------------------------------------------------------------
     def _check_offline(self) -> None:
         """Read the disk tier's files as a restart will (read-only), before it does."""
-        from kvstore.tiers.diskrecover import live_records, recover_root
+        from kvstore.tiers.disk.recover import live_records, recover_root
 
         report = recover_root(self.data_dir / "disk", direct=False, sync=False, readonly=True)
         try:

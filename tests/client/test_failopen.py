@@ -184,3 +184,52 @@ def test_a_failing_connect_hook_is_an_outage_and_closes_that_client(cls: Any) ->
     assert not link.is_up and made[0].closed and link.stats.failures == 1
     clock.now += 2.5
     assert link.call("get", lambda c: c.n, -1) == 1 and hooked == made and link.is_up
+
+
+@pytest.mark.parametrize("cls", LINKS, ids=lambda c: c.__name__)
+def test_a_down_sidecar_is_a_default_then_no_call_until_the_retry_interval(cls: Any) -> None:
+    clock, made = Clock(), []
+    link = _fake(cls, clock, made)
+    assert link.call("get", lambda c: c.n, -1) == 0 and link.is_up
+    assert link.call("get", _down, -1) == -1
+    assert not link.is_up and made[0].closed
+    calls: list[Any] = []
+    assert link.call("get", lambda c: calls.append(c) or 5, -1) == -1  # breaker open
+    assert calls == [] and link.stats.skipped == 1
+    clock.now += 2.5  # past retry_interval_s: one fresh client, and it works
+    assert link.call("get", lambda c: c.n, -1) == 1
+    assert link.is_up and link.stats.reconnects == 1 and len(made) == 2
+
+
+@pytest.mark.parametrize("cls", LINKS, ids=lambda c: c.__name__)
+def test_unexpected_errors_fail_open_too(cls: Any) -> None:
+    link = _fake(cls, Clock(), [])
+    assert link.call("get", lambda c: 1 // 0, None) is None
+    assert not link.is_up
+
+
+@pytest.mark.parametrize("cls", LINKS, ids=lambda c: c.__name__)
+def test_calls_run_concurrently(cls: Any) -> None:
+    link = _fake(cls, Clock(), [])
+    inside = threading.Barrier(4, timeout=5)
+    results: list[int] = []
+
+    def call() -> None:
+        results.append(link.call("get", lambda c: (inside.wait(), 1)[1], 0))
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(results) == 4 and 0 not in results  # all four were inside at once
+
+
+@pytest.mark.parametrize("cls", LINKS, ids=lambda c: c.__name__)
+def test_a_client_that_cannot_be_built_is_an_outage(cls: Any) -> None:
+    def factory(address: str, timeout: float) -> Any:
+        raise OSError("connection refused")
+
+    link = cls("127.0.0.1:1", 1.0, 2.0, client_factory=factory, clock=Clock())
+    assert link.call("lookup", _lookup, -1) == -1
+    assert not link.is_up and link.stats.failures == 1

@@ -22,7 +22,8 @@ class Sidecar(LocalServer):
     (``[sys.executable, "-m", "kvstore.cli"]``). Ready once the port accepts (a sidecar
     with tenants refuses an anonymous Stats); none of this process's ``VLLM_*``,
     ``KVSTORE_VLLM*`` or ``KVSTORE_BIN`` variables reach it (``KVSTORE_*`` configure the
-    server), and the event endpoints are the config's own."""
+    server). The event sockets take OS-chosen loopback ports unless ``config`` has an
+    ``events`` section."""
 
     def __init__(
         self,
@@ -34,7 +35,10 @@ class Sidecar(LocalServer):
         port = port or free_port()
         super().__init__(
             data_dir, port=port, config=config, command=kvstore_bin, ready="tcp",
-            loopback_events=False, drop_env=("VLLM_", "KVSTORE_VLLM", "KVSTORE_BIN"),
+            # OS-chosen event ports unless the scenario sets its own (two sidecars on one
+            # machine, or a sidecar next to a running service, must not fight over :5557)
+            loopback_events=not (config and "events" in config),
+            drop_env=("VLLM_", "KVSTORE_VLLM", "KVSTORE_BIN"),
             log_path=Path(data_dir).parent / f"sidecar-{port}.log",
         )
 

@@ -22,9 +22,8 @@ from kvstore.connectors.vllm.sessions import (
     TurnInfo,
     finished_turn,
 )
-from kvstore.connectors.vllm.sidecar import SidecarLink
 
-from kvstore.errors import ConfigError, InvalidBlock, TierFull, Unavailable
+from kvstore.errors import ConfigError, InvalidBlock
 
 # -- config and namespace -----------------------------------------------------------
 
@@ -150,75 +149,6 @@ def test_payload_roundtrip_and_every_refusal() -> None:
         unpack_body(payload[:-1], digest, b"h" * 32, len(body))
     with pytest.raises(PayloadError, match="not a connector payload"):
         unpack_body(b"\0" * len(payload), digest, b"h" * 32, len(body))
-
-
-# -- the fail-open link ---------------------------------------------------------------
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class FlakyClient:
-    def __init__(self, fail: BaseException | None) -> None:
-        self.fail = fail
-        self.closed = False
-
-    def lookup(self) -> str:
-        if self.fail is not None:
-            raise self.fail
-        return "hit"
-
-    def close(self) -> None:
-        self.closed = True
-
-
-def test_link_fails_open_fast_and_reconnects() -> None:
-    clock = FakeClock()
-    made: list[FlakyClient] = []
-    state: dict[str, BaseException | None] = {"fail": Unavailable("down")}
-
-    def factory(address: str, timeout: float) -> FlakyClient:
-        made.append(FlakyClient(state["fail"]))
-        return made[-1]
-
-    link = SidecarLink("127.0.0.1:1", 1.0, 2.0, client_factory=factory, clock=clock)
-    assert link.call("lookup", lambda c: c.lookup(), "miss") == "miss"
-    assert not link.is_up and made[0].closed
-    # Breaker open: answered at once, no new client, no call.
-    clock.now += 1.0
-    assert link.call("lookup", lambda c: c.lookup(), "miss") == "miss"
-    assert len(made) == 1 and link.stats.skipped == 1
-    # After the retry interval a fresh client is built: reconnected.
-    state["fail"] = None
-    clock.now += 1.5
-    assert link.call("lookup", lambda c: c.lookup(), "miss") == "hit"
-    assert link.is_up and len(made) == 2 and link.stats.reconnects == 1
-
-
-def test_link_request_errors_do_not_open_the_breaker() -> None:
-    link = SidecarLink(
-        "127.0.0.1:1",
-        1.0,
-        2.0,
-        client_factory=lambda a, t: FlakyClient(TierFull("full")),
-        clock=FakeClock(),
-    )
-    assert link.call("put", lambda c: c.lookup(), None) is None
-    assert link.is_up and link.stats.failures == 1
-
-
-def test_link_factory_failure_is_fail_open() -> None:
-    def factory(address: str, timeout: float) -> FlakyClient:
-        raise OSError("connection refused")
-
-    link = SidecarLink("127.0.0.1:1", 1.0, 2.0, client_factory=factory, clock=FakeClock())
-    assert link.call("lookup", lambda c: c.lookup(), 0) == 0
-    assert not link.is_up
 
 
 # -- block addressing in any KV layout ------------------------------------------------
