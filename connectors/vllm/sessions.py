@@ -68,6 +68,16 @@ class TurnInfo:
     #: Whether ``kv_transfer_params`` said ``after`` (False: the ``user`` default).
     claimed: bool = False
 
+    @property
+    def described(self) -> bool:
+        """Whether the client said anything of what follows this turn (``after`` or
+        ``expected_gap_ms``). An undescribed turn's ``user`` is a default, not
+        information: its lookup carries no ``then`` and, unless the engine saw how it
+        ended (a tool-call marker, a stop without one), its end sends no hint, so the
+        sidecar's policy learns such sessions' returns as its own class instead of
+        filing them with the waits a client really announced."""
+        return self.claimed or self.expected_gap_ms is not None
+
 
 @dataclass(frozen=True, slots=True)
 class ToolCallMarkers:
