@@ -28,7 +28,9 @@ with a tool call is only known when generation stops. :func:`finished_turn`
 corrects the turn's event from what the engine saw (the request's stop and its
 output tokens against the configured :class:`ToolCallMarkers`); the lookup made
 at submission keeps the client's claim, the hint sent at the finish carries the
-correction.
+correction. A turn the client did not describe (``TurnInfo.described``) claims
+nothing: its lookup carries no ``then``, and its end sends a hint only if the
+engine saw how it ended.
 """
 
 from __future__ import annotations
