@@ -37,8 +37,9 @@ baseline (cheap, since LRU needs only keys and order) and the doubling trick of
 online learning for the expert that cannot be shadowed.
 
 The HBM keep (``Plan.keep_s``) always comes from *bets*: it uses the hints (what
-the session waits on, the tool and its learned gaps) whichever expert places the
-blocks in the sidecar's tiers, because a keep costs the sidecar no room.
+the session waits on, the tool and its learned gaps) and its own ledger of whether
+keeps paid (judged against what the sidecar served at the return), whichever
+expert places the blocks in the sidecar's tiers.
 
 Pure: no clock, no I/O; time is an argument. With more than one tier the ghost
 has the capacity of every tier worth loading from, and the real score is the

@@ -106,7 +106,7 @@ class ReturnTimes:
         c = self._classes.get(cls)
         return c.n if c is not None else 0.0
 
-    def _cdf(self, cls: Hashable) -> list[float]:
+    def _cdf(self, cls: Hashable, keep: bool = True) -> list[float]:
         c = self._get(cls)
         if c.cdf is not None and c.dirty < self.refresh:
             return c.cdf
@@ -120,15 +120,18 @@ class ReturnTimes:
         for i in range(_N):
             acc += c.cnt[i] + prior * _PRIOR[i] + (a * p.cnt[i] if p is not None else 0.0)
             cdf.append(min(1.0, acc / n))
-        c.cdf = cdf
-        c.dirty = 0
+        if keep:
+            c.cdf = cdf
+            c.dirty = 0
         return cdf
 
-    def back_by(self, cls: Hashable, t: float) -> float:
-        """Share of waits of ``cls`` over within ``t`` seconds (linear within a bin)."""
+    def back_by(self, cls: Hashable, t: float, keep: bool = True) -> float:
+        """Share of waits of ``cls`` over within ``t`` seconds (linear within a bin).
+        ``keep=False``: a fresh answer that leaves the cached one (and when it is next
+        refreshed) as it was."""
         if t <= 0:
             return 0.0
-        cdf = self._cdf(cls)
+        cdf = self._cdf(cls, keep)
         i = bisect.bisect_left(GRID, t)
         if i >= _N:
             return cdf[-1]

@@ -13,8 +13,9 @@ A session's *value* is the share of sessions of its class, having waited as
 long as it has, that send again within the next ``window_s`` seconds: a
 session waiting on a quick tool is worth a lot, one whose user has been away
 for ten minutes little, an ended one nothing. A session with a request in
-flight is valued by what usually follows a request of its workload (a tool
-call, a user turn, nothing).
+flight is valued by the wait its lookup announced (``then`` / ``tool``: what
+that wait is worth at its start), else by what usually follows a request of its
+workload (a tool call, a user turn, nothing).
 
 * Eviction takes the least valuable session first, its chain's tail first
   (children before parents, so a prefix shrinks from its end).
@@ -35,6 +36,15 @@ call, a user turn, nothing).
   prefetches its blocks into the fastest tier; a wait whose expected gap (the
   hint's, else the class's median) is longer than ``keep_gap_s`` moves its
   blocks out of the fastest tier.
+* The HBM keep (``Plan.keep_s``: the engine holds a finished request's blocks
+  for the session's next request) is asked only where it pays: every keep
+  considered (a tool call or user turn whose class is back soon) is judged when
+  the session is back, held or not (:mod:`~kvstore.policies.holds`): was it back
+  within the keep, for the prefix held, and would the sidecar not have served
+  that prefix nearly as fast itself? A class whose keeps gain less than half of
+  what they pin asks none. Before a class is judged, a keep is asked for the gap
+  the client gave, or where the sidecar will not hold the request's prefix in a
+  fast tier.
 """
 
 from __future__ import annotations
@@ -56,6 +66,7 @@ from kvstore.policies.base import (
     TierSpec,
 )
 from kvstore.policies.cost import CostModel
+from kvstore.policies.holds import HoldLedger, PendingHold
 from kvstore.policies.returns import ReturnTimes
 
 __all__ = ["WorkloadPolicy"]
@@ -96,6 +107,14 @@ class _Session:
     #: the wait counts toward learning (a real wait, not one a hint replaced at once)
     learning: bool = False
     gap: float | None = None  # a hint's expected gap, when the client gave one
+    #: the keep considered for its last request, judged when it is back
+    hold: PendingHold | None = None
+    #: its last request's full blocks and the key of the last of them
+    full: tuple[int, Hashable] | None = None
+    #: its last lookup said what the turn ends with (the keep was considered there)
+    told: bool = False
+    #: what it will wait on (and the tool) once its request in flight ends, if said
+    next: tuple[str, str] | None = None
 
 
 class WorkloadPolicy(Policy):
@@ -103,10 +122,15 @@ class WorkloadPolicy(Policy):
 
     def __init__(self, tiers: Sequence[TierSpec], cost: CostModel | None = None,
                  window_s: float = 60.0, margin: float = 1.5, keep_gap_s: float = 30.0,
-                 max_sessions: int = 200_000, hbm_keep_max_s: float = 10.0) -> None:
+                 max_sessions: int = 200_000, hbm_keep_max_s: float = 10.0,
+                 hold_bar: float = 0.5) -> None:
         super().__init__(tiers)
         self.hbm_keep_max_s = hbm_keep_max_s
         self.cost = cost or CostModel()
+        block_s = self.cost.recompute_s(self.cost.block_tokens)
+        #: whether the keeps of each class paid (judged at every return)
+        self.holds = HoldLedger({t.name: 1.0 - min(1.0, self.cost.saved_s(t) / block_s)
+                                 for t in tiers}, hold_bar, max_running=max_sessions)
         self.window_s = window_s
         self._vcache: dict[tuple[Hashable, int], float] = {}
         self.margin = margin
@@ -225,6 +249,8 @@ class WorkloadPolicy(Policy):
             return 0.0
         if s.wait == "back":
             return 1.0 + 1e-3
+        if s.wait == _IDLE and s.next is not None:  # in flight, its next wait said
+            return self._newcomer(s)
         e = max(0.0, now - s.since)
         if s.gap is not None:  # the client said when it will be back
             left = s.gap - e
@@ -242,7 +268,11 @@ class WorkloadPolicy(Policy):
 
     def _newcomer(self, s: _Session) -> float:
         """Value of a session whose request is in flight: what its next wait is worth
-        at its start, weighed by what usually follows a request of its workload."""
+        at its start: the wait its lookup said (``then``), else weighed by what usually
+        follows a request of its workload."""
+        if s.next is not None:
+            wait, tool = s.next
+            return 0.0 if wait == "end" else self._score(self._cls(s, wait, tool), 0.0)
         follows = self.follows.get(s.workload)
         if not follows:
             return self._score(self._cls(s, _IDLE, ""), 0.0)
@@ -258,7 +288,10 @@ class WorkloadPolicy(Policy):
         if req.worth:
             self._worth = tuple(req.worth)
         name = req.session_id
+        self._expire_holds(now)
         s = self._session(name, req.workload)
+        if s.hold is not None:
+            self._judge_hold(s, req, now)
         if s.turns:
             if s.learning:
                 self.returns.returned(s.cls, now - s.since)
@@ -267,6 +300,9 @@ class WorkloadPolicy(Policy):
                 self.follows.setdefault(s.workload, Counter())[_IDLE] += 1
         s.turns += 1
         self._wait(name, s, _IDLE, "", now)
+        then = _WAIT.get(req.then)
+        s.next = ((then, self._tool(s.workload, req.tool) if then == "tool" else "")
+                  if then in ("tool", "user", "end") else None)
         keys, hit = req.keys, req.hit_tiers
         pool = self._pool(req.workload)
         # _use inlined for the common case (the key's last user was this session, or
@@ -309,8 +345,8 @@ class WorkloadPolicy(Policy):
         admit: dict[Hashable, str] = {}
         if missing and not req.block_bytes:  # sizes unknown yet: the fastest worthy tier
             top = next((t.name for i, t in enumerate(self.tiers) if self._worth[i]), None)
-            return Plan({keys[j]: top for j in missing} if top else {},
-                        keep_s=self._keep_s(s, req))
+            admit = {keys[j]: top for j in missing} if top else {}
+            return Plan(admit, keep_s=self._keep_s(s, req, admit))
         if missing:
             value = self._newcomer(s)
             size = req.block_bytes
@@ -323,32 +359,88 @@ class WorkloadPolicy(Policy):
                 for _ in range(n):
                     admit[keys[next(it)]] = spec.name
                 left -= n
-        return Plan(admit, keep_s=self._keep_s(s, req))
+        return Plan(admit, keep_s=self._keep_s(s, req, admit))
 
-    def _keep_s(self, s: _Session, req: RequestInfo) -> float:
-        """HBM keep: how long the engine should hold this request's blocks after it ends.
-        Only for a turn that ends waiting (on a tool or the user): for the gap the client
-        gave, if it is at most ``hbm_keep_max_s``; else if most sessions of the wait's
+    # -- the HBM keep -------------------------------------------------------------------
+    @staticmethod
+    def _full(req: RequestInfo) -> int:
+        """Full blocks of the request (what the engine caches and a keep holds)."""
+        n = len(req.keys)
+        return n - 1 if n and 0 < req.last_tokens < req.block_tokens else n
+
+    def _expire_holds(self, now: float) -> None:
+        """Keeps whose session was not back by their end gained nothing."""
+        for name, h in self.holds.expired(now):
+            cls = h.cls
+            s = self._sessions.get(name)
+            if s is not None and s.hold is h:
+                s.hold = None
+                self.holds.judge(cls, 0.0)
+
+    def _judge_hold(self, s: _Session, req: RequestInfo, now: float) -> None:
+        """The session is back: would the keep considered for its last request have
+        paid (:meth:`HoldLedger.returned`)?"""
+        h = s.hold
+        s.hold = None
+        if h is None:
+            return
+        worth = req.worth or self._worth
+        tiers = [t if t is not None and worth[self._order[t]] else None
+                 for t in req.hit_tiers[:h.blocks]]
+        self.holds.returned(h, req.keys, tiers, now - s.since)
+
+    def _keep_s(self, s: _Session, req: RequestInfo, admit: dict[Hashable, str]) -> float:
+        """The keep the wait's class would get (:meth:`_keep_for`), asked only where
+        it pays: once the class's past keeps are judged (:class:`HoldLedger`), if they
+        won at least the ledger's ``bar`` of what they held; before that, for the gap
+        the client gave, or if the sidecar will not hold this request's prefix in a
+        tier nearly as fast as the engine (refused, or in a slow tier), so that a
+        return would recompute or slowly load most of it. Every keep considered is
+        judged when the session is back, asked or not."""
+        s.hold = None
+        n = self._full(req)
+        s.full = (n, req.keys[n - 1]) if n > 0 else None
+        s.told = bool(req.then)
+        wait = _WAIT.get(req.then)
+        tool = self._tool(s.workload, req.tool) if wait == "tool" else ""
+        keep = self._keep_for(s, wait, tool, req.expected_gap_s)
+        if keep <= 0.0 or n <= 0:
+            return 0.0
+        cls = (s.workload, wait, tool)
+        s.hold = PendingHold(cls, keep, n, req.keys[n - 1])
+        pays = self.holds.pays(cls)
+        if pays is not None:
+            return keep if pays else 0.0
+        if req.expected_gap_s is not None:
+            return keep
+        plan = [t if t is not None else admit.get(k)
+                for k, t in zip(req.keys[:n], req.hit_tiers[:n], strict=True)]
+        return keep if self.holds.gain_over(plan, n) >= self.holds.bar else 0.0
+
+    def _keep_for(self, s: _Session, wait: str | None, tool: str, gap: float | None,
+                  keep: bool = True) -> float:
+        """The keep considered (asked only where it pays, :meth:`_keep_s`): how long the
+        engine would hold this request's blocks after it ends. Only for a turn that ends
+        waiting (on a tool or the user): for the gap the client gave, if it is at most
+        ``hbm_keep_max_s``; else if most sessions of the wait's
         class (learned per tool, as for eviction) were back within ``hbm_keep_max_s``,
         until nine in ten of those are. Before a class has ``_KEEP_MIN_WAITS`` waits of
-        its own, the hint decides: a tool call is held for the whole bound (tools
-        answer in seconds, and the hold costs the sidecar no room), a user turn is not
-        (people answer in minutes). Otherwise 0: release (offload what was saved)."""
-        wait = _WAIT.get(req.then)
+        its own, the hint decides: a tool call is considered for the whole bound (tools
+        answer in seconds), a user turn is not (people answer in minutes). Otherwise 0:
+        release (offload what was saved)."""
         limit = self.hbm_keep_max_s
         if limit <= 0 or wait not in ("tool", "user"):
             return 0.0
-        gap = req.expected_gap_s
         if gap is not None:
             return gap if 0.0 < gap <= limit else 0.0
-        cls = self._cls(s, wait, self._tool(s.workload, req.tool) if wait == "tool" else "")
+        cls = self._cls(s, wait, tool)
         if self.returns.waits(cls) < _KEEP_MIN_WAITS:
             return limit if wait == "tool" else 0.0
-        back = self.returns.back_by(cls, limit)
+        back = self.returns.back_by(cls, limit, keep)
         if back < 0.5:
             return 0.0
         t = limit / 64
-        while t < limit and self.returns.back_by(cls, t) < 0.9 * back:
+        while t < limit and self.returns.back_by(cls, t, keep) < 0.9 * back:
             t *= 2
         return min(t, limit)
 
@@ -382,6 +474,17 @@ class WorkloadPolicy(Policy):
             self.follows.setdefault(s.workload, Counter())[wait] += 1
         tool = self._tool(s.workload, hint.tool) if wait == "tool" else ""
         self._wait(name, s, wait, tool, now, hint.expected_gap_s)
+        s.next = None
+        if wait in ("tool", "user"):
+            if not s.told and s.full is not None:  # no ``then`` at its lookup
+                keep = self._keep_for(s, wait, tool, hint.expected_gap_s, keep=False)
+                if keep > 0.0:
+                    s.hold = PendingHold((s.workload, wait, tool), keep, *s.full)
+            if s.hold is not None:
+                self.holds.watch(name, s.hold, now)
+        elif wait == "end" and s.hold is not None:  # it will not be back: gained nothing
+            self.holds.judge(s.hold.cls, 0.0)
+            s.hold = None
         if hint.event == "session_end" or len(self.tiers) < 2:
             return []  # an ended session is worth nothing: its blocks are the first to go
         top = self.tiers[0].name

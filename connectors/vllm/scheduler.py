@@ -223,7 +223,7 @@ class SchedulerSide:
                 turn.workload,
                 request_id=request.request_id,
                 num_tokens=request.num_tokens,
-                then=turn.event,
+                then=turn.event if turn.described else "",
                 tool=turn.tool,
                 expected_gap_ms=turn.expected_gap_ms,
             ),
@@ -400,12 +400,15 @@ class SchedulerSide:
         if delay:
             self._holds[request.request_id] = hold_ms / 1000.0
         left = tracked.saves_planned - tracked.saved_blocks - tracked.save_failed_blocks
-        if self.config.hints and saving and left > 0:
+        # A turn nobody described and whose end the engine did not see: no hint (its
+        # ``user`` is a default, not information; see TurnInfo.described).
+        hint = self.config.hints and (event_source != "default" or turn.described)
+        if hint and saving and left > 0:
             # The hint may move or drop the session's blocks: send it once the
             # turn's last blocks are stored (their reports, or the request's
             # transfers reported done), so no save lands after it.
             self._hint_after_saves[request.request_id] = _PendingHint(turn, left)
-        elif self.config.hints:
+        elif hint:
             self._hints.submit(self._send_hint, turn, request.request_id)
         if turn.cache_ttl_s and request.block_hashes:
             # Blocks still being saved are protected once they land (the sidecar keeps

@@ -28,7 +28,9 @@ with a tool call is only known when generation stops. :func:`finished_turn`
 corrects the turn's event from what the engine saw (the request's stop and its
 output tokens against the configured :class:`ToolCallMarkers`); the lookup made
 at submission keeps the client's claim, the hint sent at the finish carries the
-correction.
+correction. A turn the client did not describe (``TurnInfo.described``) claims
+nothing: its lookup carries no ``then``, and its end sends a hint only if the
+engine saw how it ended.
 """
 
 from __future__ import annotations
@@ -67,6 +69,16 @@ class TurnInfo:
     cache_ttl_s: float | None = None
     #: Whether ``kv_transfer_params`` said ``after`` (False: the ``user`` default).
     claimed: bool = False
+
+    @property
+    def described(self) -> bool:
+        """Whether the client said anything of what follows this turn (``after`` or
+        ``expected_gap_ms``). An undescribed turn's ``user`` is a default, not
+        information: its lookup carries no ``then`` and, unless the engine saw how it
+        ended (a tool-call marker, a stop without one), its end sends no hint, so the
+        sidecar's policy learns such sessions' returns as its own class instead of
+        filing them with the waits a client really announced."""
+        return self.claimed or self.expected_gap_ms is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -277,11 +277,12 @@ class ServedReplay:
 
     def _then(self, req: Request) -> tuple[str, str]:
         """(hint event, tool) of what the client knows its turn ends with. A client that
-        says nothing gets the connector's default, a plain turn end
-        (``connectors/vllm/sessions.py``: ``after`` defaults to ``user``)."""
+        says nothing sends nothing, as the connector does: its ``user`` default is not
+        information (``connectors/vllm/sessions.py``: ``TurnInfo.described``), so the
+        lookup carries no ``then`` and the turn's end no hint."""
         after = req.after
         if after is None:
-            return HINT_EVENT["user"], ""
+            return "", ""
         kind = after.kind
         if kind == "end" and not self.config.trust_end:
             kind = "user"

@@ -22,42 +22,76 @@ def look(keys: list[int], session: str, then: str = "", tool: str = "") -> Reque
                        then=then, tool=tool)
 
 
-def keep(pol: Policy, session: str, now: float, then: str, tool: str = "") -> float:
-    return pol.on_request(look([7, 8], session, then, tool), now).keep_s
+TINY = [TierSpec("dram", 1 * B, 20e9)]  # no room for a request of three blocks
 
 
-def test_the_hint_decides_the_keep_before_anything_is_learned() -> None:
-    """A tool call is held in the engine for the bound, a user turn is not: on the old
-    code both were 0 until eight waits of the class had been seen."""
-    for pol in (WorkloadPolicy(ONE, hbm_keep_max_s=10.0), AdaptivePolicy(ONE)):
-        assert keep(pol, "a", 0.0, "tool_call", "grep") == 10.0
-        assert keep(pol, "b", 0.0, "turn_end") == 0.0
-        assert keep(pol, "c", 0.0, "session_end") == 0.0
-        assert keep(pol, "d", 0.0, "") == 0.0
+def look3(session: str, then: str = "", tool: str = "") -> RequestInfo:
+    return look([7, 8, 9], session, then, tool)
 
 
-def test_the_keep_follows_what_each_tool_took() -> None:
-    """Per tool, learned online: a tool whose calls came back in a minute is not held
-    (offload), one that came back in two seconds is held about that long."""
-    pol = WorkloadPolicy(ONE, hbm_keep_max_s=10.0)
+def test_before_anything_is_learned_a_tool_call_is_kept_where_the_sidecar_cannot() -> None:
+    """A tool call whose prefix the sidecar will hold in a fast tier is not kept (a
+    return loads it in ~3% of its prefill: the engine's memory is worth more to the
+    others); one it has no room for is held for the bound. A user turn, a session end
+    and an unknown end are never held before anything is learned. On the old code
+    every tool call was held for the bound."""
+    for tiers in (ONE, TINY):
+        for pol in (WorkloadPolicy(tiers, hbm_keep_max_s=10.0), AdaptivePolicy(tiers)):
+            want = 10.0 if tiers is TINY else 0.0
+            assert pol.on_request(look3("a", "tool_call", "grep"), 0.0).keep_s == want
+            assert pol.on_request(look3("b", "turn_end"), 0.0).keep_s == 0.0
+            assert pol.on_request(look3("c", "session_end"), 0.0).keep_s == 0.0
+            assert pol.on_request(look3("d", ""), 0.0).keep_s == 0.0
+
+
+def back(pol: Policy, session: str, keys: list[int], tiers: list[str | None], now: float
+         ) -> None:
+    pol.on_request(RequestInfo(keys, tiers, session, "agent", B, 512, 512), now)
+
+
+def test_a_keep_is_asked_only_where_it_paid() -> None:
+    """Learned per tool from every return, held or not: "grep" sessions are back in 2 s
+    and the sidecar has none of their prefix (a keep pays: held); "cat" sessions are
+    back in 2 s too but the sidecar serves their whole prefix from DRAM (a keep gains
+    ~3%: not held); "build" sessions are back in a minute (after any keep: not held).
+    On the old code "cat" was held (keeps followed the return times only)."""
+    pol = WorkloadPolicy(TINY, hbm_keep_max_s=10.0)
     now = 0.0
     for i in range(12):
-        for tool, gap in (("build", 60.0), ("grep", 2.0)):
+        for tool, gap, served in (("grep", 2.0, None), ("cat", 2.0, "dram"),
+                                  ("build", 60.0, None)):
             s = f"{tool}{i}"
-            pol.on_request(look([100 + i], s, "tool_call", tool), now)
+            keys = [1000 * i + k for k in (1, 2, 3)]
+            pol.on_request(RequestInfo(keys, [None] * 3, s, "agent", B, 512, 512,
+                                       then="tool_call", tool=tool), now)
             pol.on_hint(Hint(s, "tool_call", "agent", tool), [], now)
-            pol.on_request(look([100 + i], s), now + gap)
+            back(pol, s, [*keys, 5], [served] * 3 + [None], now + gap)
         now += 100.0
-    assert keep(pol, "new1", now, "tool_call", "build") == 0.0
-    held = keep(pol, "new2", now, "tool_call", "grep")
-    assert 2.0 <= held <= 10.0, held
+    assert pol.on_request(look3("new1", "tool_call", "grep"), now).keep_s >= 2.0
+    assert pol.on_request(look3("new2", "tool_call", "cat"), now).keep_s == 0.0
+    assert pol.on_request(look3("new3", "tool_call", "build"), now).keep_s == 0.0
+    assert pol.holds.gain(("agent", "tool", "grep")) == 1.0
+    assert pol.holds.gain(("agent", "tool", "cat")) < 0.1
+
+
+def test_a_return_that_asks_for_another_prefix_gains_nothing() -> None:
+    """Chained hashes: a next request whose block at the held length differs did not
+    reuse the held prefix, so the keep would have gained nothing."""
+    pol = WorkloadPolicy(TINY, hbm_keep_max_s=10.0)
+    for i in range(8):
+        s = f"s{i}"
+        pol.on_request(RequestInfo([1, 2, 3 + 10 * i], [None] * 3, s, "agent", B, 512, 512,
+                                   then="tool_call", tool="grep"), 0.0)
+        back(pol, s, [1, 2, 4 + 10 * i], [None] * 3, 1.0)
+    assert pol.on_request(look3("new", "tool_call", "grep"), 2.0).keep_s == 0.0
+    assert pol.holds.gain(("agent", "tool", "grep")) == 0.0
 
 
 def test_the_keep_comes_from_the_hints_whoever_leads() -> None:
-    pol = AdaptivePolicy(ONE)
+    pol = AdaptivePolicy(TINY)
     pol.leader = "lru"
-    assert keep(pol, "a", 0.0, "tool_call", "grep") == 10.0
-    assert keep(pol, "b", 0.0, "turn_end") == 0.0
+    assert pol.on_request(look3("a", "tool_call", "grep"), 0.0).keep_s == 10.0
+    assert pol.on_request(look3("b", "turn_end"), 0.0).keep_s == 0.0
 
 
 def test_the_lru_ghost_scores_what_lru_would_hit() -> None:

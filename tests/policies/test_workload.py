@@ -154,9 +154,34 @@ def test_hbm_keep_learned_from_how_soon_the_class_comes_back() -> None:
     kept = keep(pol, "new", now, "tool_call")
     assert 10.0 <= kept <= 20.0, kept
     assert keep(pol, "new2", now, "turn_end") == 0.0
-    fresh = WorkloadPolicy(ONE)  # nothing learned: the hint decides (see test_adaptive)
-    assert keep(fresh, "fresh", 0.0, "tool_call") == fresh.hbm_keep_max_s
+    # Nothing learned: a tool call is kept only where the sidecar will not hold its
+    # prefix (here it has room: not kept; see test_adaptive).
+    fresh = WorkloadPolicy(ONE)
+    assert keep(fresh, "fresh", 0.0, "tool_call") == 0.0
     assert keep(fresh, "fresh2", 0.0, "turn_end") == 0.0
     short = WorkloadPolicy(ONE, hbm_keep_max_s=5.0)
     now = train(short)
     assert keep(short, "new", now, "tool_call") == 0.0
+
+
+def test_a_session_in_flight_is_valued_by_the_wait_its_lookup_announced() -> None:
+    """Tool calls come back in 10 s, user turns in 30 min. A session whose request is
+    in flight and whose lookup said the turn ends in a tool call keeps its blocks over a
+    session waiting on its user. On the old code the running session was valued by the
+    idle class (no returns of its own: every idle wait is re-classed by the hint at the
+    request's end), so its freshly saved blocks went first."""
+    pol = EvictionManager(WorkloadPolicy(ONE))
+    now = train(pol)
+    request(pol, [11, 12, 13, 14, 15], "user", now)
+    pol.on_hint(Hint("user", "turn_end", "agent"), [], now)
+    inner = pol.inner
+    keys = [1, 2, 3, 4, 5]
+    plan = pol.on_request(RequestInfo(keys, [None] * 5, "tool", "agent", B, 512, 512,
+                                      then="tool_call"), now + 1)
+    for j in range(4, -1, -1):
+        if keys[j] in plan.admit:
+            pol.on_insert(BlockInfo(keys[j], B, keys[j - 1] if j else None, "tool", "agent",
+                                    512), plan.admit[keys[j]], now + 1)
+    assert isinstance(inner, WorkloadPolicy) and all(k in inner._t["hbm"] for k in keys)
+    victims = pol.evict("hbm", 3 * B, set(), now + 5)  # the tool call still running
+    assert victims == [15, 14, 13], "the user-waiting session goes first"

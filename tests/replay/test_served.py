@@ -129,9 +129,9 @@ def test_lookups_carry_then_and_tool(refuser: None) -> None:
     assert Refuser.seen[-1].then == "session_end"
     served(reqs, "refuser", engine=4, dram=4, send_then=False)
     assert {r.then for r in Refuser.seen} == {""}
-    # A client that says nothing: the connector sends a plain turn end (its default).
+    # A client that says nothing: nothing is sent (the connector's default is no news).
     served([req(0, [1], session_id="s")], "refuser", engine=4, dram=4)
-    assert [r.then for r in Refuser.seen] == ["turn_end"]
+    assert [r.then for r in Refuser.seen] == [""]
 
 
 def test_decode_blocks_are_saved_and_hit_by_the_next_turn() -> None:

@@ -203,7 +203,20 @@ def check_hint_from_what_the_engine_saw() -> None:
     p.get_num_new_matched_tokens(req, 0)
     req.status, req.stop_reason, req.output_token_ids = Status("FINISHED_STOPPED"), 77, [77]  # type: ignore[attr-defined]
     assert p.request_finished(req, [])[1]["kvstore"]["event"] == "tool_call"  # type: ignore[index]
-    p.shutdown()
+    # A turn nobody described (no after, no gap), ended as the engine cannot tell:
+    # its lookup says no ``then`` and its end sends no hint (the default is no news);
+    # a tool-call marker the engine saw is news and is sent.
+    quiet = FakeClient(set())
+    q = side(quiet, tool_call_stop_token_ids=(77,))
+    for rid, (reason, out) in {"q1": (None, [1, 2]), "q2": (77, [1, 77])}.items():
+        req = FakeRequest(rid, list(range(1, 9)), {"session_id": rid})
+        q.get_num_new_matched_tokens(req, 0)
+        assert quiet.lookups[-1]["then"] == "", quiet.lookups[-1]
+        req.status, req.stop_reason, req.output_token_ids = Status("FINISHED_STOPPED"), reason, out  # type: ignore[attr-defined]
+        q.request_finished(req, [])
+    q.shutdown()
+    assert [(kwargs["request_id"], args[1]) for args, kwargs in quiet.hints] == [
+        ("q2", "tool_call")], quiet.hints
 
 
 def check_loads_stored_prefix_leaving_the_last_token() -> None:
@@ -383,7 +396,7 @@ def check_worker_reports_reach_the_params() -> None:
 
 
 def check_saved_requests_keep_their_blocks_until_the_workers_say() -> None:
-    req = FakeRequest("r", list(range(1, 13)), {"session_id": "s"})  # 3 full blocks
+    req = FakeRequest("r", list(range(1, 13)), {"session_id": "s", "after": "user"})  # 3 blocks
     s = side(FakeClient(set()))
     s.get_num_new_matched_tokens(req, 0)
     s.update_state_after_alloc(req, FakeBlocks([4, 5, 6]), 0)
