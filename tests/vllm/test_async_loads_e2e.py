@@ -9,41 +9,22 @@ reported received, and the slowed read stretches every stream's gap by its delay
 
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.vllm.test_connector_e2e import _check_vllm_python, _kvstore_bin
+from tests.vllm.test_connector_e2e import run_vllm_script
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
-HERE = Path(__file__).resolve().parent
 BLOCK = 32
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> dict[str, Any]:
-    why = _check_vllm_python(vllm_python)
-    if why:
-        pytest.skip(why)
-    kvstore_bin = _kvstore_bin()
-    if kvstore_bin is None:
-        pytest.skip("no kvstore executable (pip install -e . into the test venv)")
-    work = tmp_path_factory.mktemp("vllm-async")
-    proc = subprocess.run(
-        [vllm_python, str(HERE / "run_async_scenarios.py"), "--workdir", str(work),
-         "--kvstore-bin", kvstore_bin],
-        capture_output=True, text=True, timeout=840,
-    )
-    (work / "scenarios.stderr").write_text(proc.stderr)
-    assert proc.returncode == 0, f"scenarios failed:\n{proc.stderr[-6000:]}"
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    assert lines, f"no JSON from the scenarios:\n{proc.stdout[-2000:]}"
-    data: dict[str, Any] = json.loads(lines[-1])
-    data["_log"] = proc.stderr
+    data, _, log = run_vllm_script(tmp_path_factory, vllm_python, "run_async_scenarios.py",
+                                   [], 840)
+    data["_log"] = log
     return data
 
 

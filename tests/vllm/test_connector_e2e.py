@@ -43,35 +43,37 @@ def _check_vllm_python(vllm_python: str) -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> dict[str, Any]:
+def run_vllm_script(tmp_path_factory: pytest.TempPathFactory, vllm_python: str, script: str,
+                    args: list[str], timeout: float) -> tuple[dict[str, Any], str, str]:
+    """Run ``tests/vllm/<script>`` under the vLLM interpreter against the real ``kvstore``
+    executable (skipped with the reason when either is missing) and return the last JSON
+    line it printed, its stdout and its stderr (kept under the work dir as well)."""
     why = _check_vllm_python(vllm_python)
     if why:
         pytest.skip(why)
     kvstore_bin = _kvstore_bin()
     if kvstore_bin is None:
         pytest.skip("no kvstore executable (pip install -e . into the test venv)")
-    work = tmp_path_factory.mktemp("vllm-e2e")
+    stem = Path(script).stem
+    work = tmp_path_factory.mktemp(stem)
     proc = subprocess.run(
-        [
-            vllm_python,
-            str(HERE / "run_scenarios.py"),
-            "--workdir",
-            str(work),
-            "--kvstore-bin",
-            kvstore_bin,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1400,
+        [vllm_python, str(HERE / script), "--workdir", str(work), "--kvstore-bin", kvstore_bin,
+         *args],
+        capture_output=True, text=True, timeout=timeout,
     )
-    (work / "scenarios.stderr").write_text(proc.stderr)
-    assert proc.returncode == 0, f"scenarios failed:\n{proc.stderr[-6000:]}"
+    (work / f"{stem}.stderr").write_text(proc.stderr)
+    assert proc.returncode == 0, f"{script} failed:\n{proc.stderr[-6000:]}"
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    assert lines, f"no JSON from the scenarios:\n{proc.stdout[-2000:]}"
-    (work / "scenarios.json").write_text(lines[-1])
+    assert lines, f"no JSON from {script}:\n{proc.stdout[-2000:]}"
+    (work / f"{stem}.json").write_text(lines[-1])
     data: dict[str, Any] = json.loads(lines[-1])
-    data["_log"] = proc.stderr
+    return data, proc.stdout, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> dict[str, Any]:
+    data, _, log = run_vllm_script(tmp_path_factory, vllm_python, "run_scenarios.py", [], 1400)
+    data["_log"] = log
     return data
 
 

@@ -11,18 +11,14 @@ other capacities disagrees. Skips, saying why, where the vLLM interpreter or the
 
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.vllm.test_connector_e2e import _check_vllm_python, _kvstore_bin
+from tests.vllm.test_connector_e2e import run_vllm_script
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
-HERE = Path(__file__).resolve().parent
 ENGINE, DRAM = 30, 80
 OTHER_ENGINE, OTHER_DRAM = 40, 40
 POINTS = 2.0
@@ -30,27 +26,13 @@ POINTS = 2.0
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> dict[str, Any]:
-    why = _check_vllm_python(vllm_python)
-    if why:
-        pytest.skip(why)
-    kvstore_bin = _kvstore_bin()
-    if kvstore_bin is None:
-        pytest.skip("no kvstore executable (pip install -e . into the test venv)")
-    work = tmp_path_factory.mktemp("vllm-slice")
-    proc = subprocess.run(
-        [vllm_python, str(HERE / "bench_slice.py"), "--workdir", str(work),
-         "--kvstore-bin", kvstore_bin, "--generate", "agent", "--gen-sessions", "10",
-         "--scale", "0.05", "--duration-s", "300", "--sessions", "10", "--requests", "60",
-         "--engine-blocks", str(ENGINE), "--dram-blocks", str(DRAM),
-         "--replay-engine-blocks", str(OTHER_ENGINE), "--replay-dram-blocks", str(OTHER_DRAM)],
-        capture_output=True, text=True, timeout=540,
-    )
-    (work / "slice.stderr").write_text(proc.stderr)
-    assert proc.returncode == 0, f"bench_slice failed:\n{proc.stderr[-6000:]}"
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    assert lines, f"no JSON from bench_slice:\n{proc.stdout[-2000:]}"
-    data: dict[str, Any] = json.loads(lines[-1])
-    data["_table"] = "\n".join(ln for ln in proc.stdout.splitlines()
+    data, out, _ = run_vllm_script(
+        tmp_path_factory, vllm_python, "bench_slice.py",
+        ["--generate", "agent", "--gen-sessions", "10", "--scale", "0.05", "--duration-s", "300",
+         "--sessions", "10", "--requests", "60", "--engine-blocks", str(ENGINE),
+         "--dram-blocks", str(DRAM), "--replay-engine-blocks", str(OTHER_ENGINE),
+         "--replay-dram-blocks", str(OTHER_DRAM)], 540)
+    data["_table"] = "\n".join(ln for ln in out.splitlines()
                                 if ln.startswith(("|", "slice:", "replay ")))
     return data
 
