@@ -29,7 +29,8 @@ Each request is played as a vLLM worker with the connector plays it:
 What the client cannot know is not sent: the trace's ``end`` (a session's last
 request) becomes a plain ``turn_end`` (a client sees the answer, not that the user
 will never come back) unless ``trust_end`` says the trace's client knows it. A
-request without ``after`` is a ``turn_end`` too, as the connector sends it.
+request without ``after`` sends no ``then`` and no hint, as the connector does for a
+turn its client did not describe.
 Decode blocks are named by the session's next request where it shares this
 request's full prompt blocks (the output is sent back as the next prompt), else by
 fresh ids nothing asks for again; the name is the content's, not a decision.
