@@ -103,7 +103,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
                         "also stored a partial last block, as no engine does)")
     p.add_argument("--no-after", action="store_true",
                    help="drop every after from the trace (the ablation without hints: "
-                        "every turn ends as a plain turn_end, the connector's default)")
+                        "no turn is described, so nothing is sent, as the connector does)")
     p.add_argument("--prefill-tps", type=float, default=CostModel().prefill_tokens_per_s,
                    help="prefill tokens/s of the cost model and the engine model "
                         "(default %(default)s)")
