@@ -102,7 +102,7 @@ class LookupResult:
 
     @classmethod
     def from_pb(cls, resp: pb.LookupResponse) -> LookupResult:
-        return cls(resp.num_hit, tuple(_MEDIA[m] for m in resp.media), resp.store_blocks,
+        return cls(resp.num_hit, tuple(map(_MEDIA.__getitem__, resp.media)), resp.store_blocks,
                    resp.keep_ms)
 
 

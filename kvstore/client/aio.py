@@ -166,7 +166,7 @@ class AsyncKVStoreClient:
                      then: str | None = None, tool: str | None = None,
                      expected_gap_ms: float | None = None) -> LookupResult:
         resp = await self._call(self._stub.Lookup, pb.LookupRequest(
-            namespace=namespace, block_hashes=[bytes(h) for h in hashes],
+            namespace=namespace, block_hashes=list(map(bytes, hashes)),
             session_id=session_id or "", workload=workload or "",
             request_id=request_id or "", num_tokens=num_tokens, then=then or "",
             tool=tool or "", expected_gap_ms=expected_gap_ms or 0.0))
@@ -263,7 +263,7 @@ class AsyncKVStoreClient:
     async def retain(self, namespace: str, hashes: Sequence[bytes], ttl_s: float) -> int:
         """See :meth:`kvstore.client.KVStoreClient.retain`."""
         resp = await self._call(self._stub.Retain, pb.RetainRequest(
-            namespace=namespace, block_hashes=[bytes(h) for h in hashes], ttl_s=ttl_s))
+            namespace=namespace, block_hashes=list(map(bytes, hashes)), ttl_s=ttl_s))
         return int(resp.protected)
 
     async def hint(self, session_id: str, event: str, workload: str | None = None,

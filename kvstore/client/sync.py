@@ -129,7 +129,7 @@ class KVStoreClient(Holding):
         hint event the turn will end with), ``tool`` and ``expected_gap_ms`` let the
         policy decide the request's HBM keep (``LookupResult.keep_ms``)."""
         resp = self._call(self._stub.Lookup, pb.LookupRequest(
-            namespace=namespace, block_hashes=[bytes(h) for h in hashes],
+            namespace=namespace, block_hashes=list(map(bytes, hashes)),
             session_id=session_id or "", workload=workload or "",
             request_id=request_id or "", num_tokens=num_tokens, then=then or "",
             tool=tool or "", expected_gap_ms=expected_gap_ms or 0.0))
@@ -235,7 +235,7 @@ class KVStoreClient(Holding):
         quota and the server's ``retention.max_ttl_s``); ``ttl_s`` 0 ends it. Blocks not
         stored yet are protected once stored. Returns how many it protects now."""
         resp = self._call(self._stub.Retain, pb.RetainRequest(
-            namespace=namespace, block_hashes=[bytes(h) for h in hashes], ttl_s=ttl_s))
+            namespace=namespace, block_hashes=list(map(bytes, hashes)), ttl_s=ttl_s))
         return int(resp.protected)
 
     def hint(self, session_id: str, event: str, workload: str | None = None,

@@ -65,10 +65,12 @@ def block_info(meta: BlockMeta) -> BlockInfo:
 
 
 def new_meta(namespace: str, b: NewBlock, checksum: int, session: str,
-             workload: Workload) -> BlockMeta:
+             workload: Workload, size: int | None = None) -> BlockMeta:
+    """The metadata of ``b``; ``size``: its payload's, when that is elsewhere (a
+    shared-memory slot) and ``b.payload`` is empty."""
     tokens = tuple(b.token_ids)
     return BlockMeta(
         BlockKey(namespace, bytes(b.block_hash)),
         bytes(b.parent_hash) if b.parent_hash else None,
-        tokens, len(b.payload), checksum, session, workload, time.time(),
-        len(tokens) or b.num_tokens)
+        tokens, len(b.payload) if size is None else size, checksum, session, workload,
+        time.time(), len(tokens) or b.num_tokens)

@@ -182,7 +182,7 @@ class SlotPlane:
                     f"the reservation of slot {desc.slot_id} "
                     f"({r.slot.segment}@{r.slot.offset}+{r.slot.length})"
                 )
-            if r.key != BlockKey(namespace, bytes(b.block_hash)):
+            if r.key.block_hash != b.block_hash or r.key.namespace != namespace:
                 eng.leases.add_reservation(r)
                 raise InvalidBlock(
                     f"slot {desc.slot_id} was reserved for {r.key}, not "
@@ -191,11 +191,12 @@ class SlotPlane:
             if eng.index.get_hash(namespace, b.block_hash) is not None:
                 self.slots.abort(r.slot)  # a concurrent writer won; keep the first copy
                 continue
-            view = self.slots.view(r.slot)
-            meta = new_meta(namespace, NewBlock(b.block_hash, b.parent_hash, b.token_ids, view),
-                            digests[i] or xxhash.xxh3_64_intdigest(view), op.session_id,
-                            op.workload)
+            # (the slot's bytes are read only to hash them or to copy them elsewhere:
+            # most commits carry the writer's checksum and stay here)
+            meta = new_meta(namespace, b, digests[i] or xxhash.xxh3_64_intdigest(
+                self.slots.view(r.slot)), op.session_id, op.workload, size=r.slot.length)
             if r.target != self.tier.name and r.target is not None:
+                view = self.slots.view(r.slot)
                 try:
                     copied = await store.store(op, meta, view, r.target)
                 except QuotaExceeded as exc:
@@ -272,15 +273,43 @@ class SlotPlane:
                   - eng.leases.pinned_bytes]
         try:
             for h in hashes:
-                await self._acquire_one(namespace, h, now, found, keys, budget)
+                if not self._acquire_here(namespace, h, found, keys, budget):
+                    await self._acquire_one(namespace, h, found, keys, budget)
         finally:
             eng.leases.unpin(tuple(keys))
+            # One policy call for every block read (head first, as they were read): the
+            # blocks are pinned until here, so no eviction in between could have
+            # picked one the policy had not seen read yet.
+            eng.policy.on_access_many(keys, [self.tier.name] * len(keys), now)
         nbytes = sum(f[1].size for f in found if f is not None and f[0] is not None)
         lease = eng.leases.acquire(tuple(keys), now, seconds, owner, nbytes)
         eng.stats.gets += 1
         return lease, found
 
-    async def _acquire_one(self, namespace: str, h: bytes, now: float,
+    def _acquire_here(self, namespace: str, h: bytes,
+                      found: list[tuple[Slot | None, BlockMeta] | None],
+                      keys: list[BlockKey], budget: list[int]) -> bool:
+        """:meth:`_acquire_one` for a block in this tier within the pinning budget (most
+        reads): no coroutine. False where that one must run (missing, elsewhere, past
+        the budget)."""
+        eng = self.engine
+        entry = eng.index.get_hash(namespace, h)
+        if entry is None or self.tier.name not in entry.tiers:
+            return False
+        pins = eng.leases.pins
+        pinned = entry.key in pins
+        size = entry.meta.size
+        if not pinned:
+            if size > budget[0]:
+                return False
+            budget[0] -= size
+        found.append((self.slots.locate(entry.key), entry.meta))
+        keys.append(entry.key)
+        pins[entry.key] += 1  # protect it from evictions caused by promoting the next ones
+        eng.stats.bytes_out += size
+        return True
+
+    async def _acquire_one(self, namespace: str, h: bytes,
                            found: list[tuple[Slot | None, BlockMeta] | None],
                            keys: list[BlockKey], budget: list[int]) -> None:
         eng = self.engine
@@ -304,7 +333,6 @@ class SlotPlane:
         if name not in entry.tiers:
             found.append((None, entry.meta))
             return
-        eng.policy.on_access(entry.key, name, now)
         found.append((self.slots.locate(entry.key), entry.meta))
         keys.append(entry.key)
         if not pinned:

@@ -59,4 +59,4 @@ def slot_to_pb(slot: Slot, block_hash: bytes = b"", checksum: int = 0) -> pb.Slo
 
 
 def slot_from_pb(d: pb.SlotDescriptor) -> Slot:
-    return Slot(slot_id=d.slot_id, segment=d.segment, offset=d.offset, length=d.length)
+    return Slot(d.slot_id, d.segment, d.offset, d.length)

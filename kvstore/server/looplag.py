@@ -1,14 +1,26 @@
-"""The event loop's lag: how late a timer due every few milliseconds runs.
+"""The event loop's lag, two ways.
 
 Every call the server answers waits for the loop; work done on the loop (hashing,
-copying, page faults, a long Python walk) shows up here as lag for everyone. The
-monitor keeps the last samples with their times, and the Stats RPC summarises a
-window of them (``kvstore bench`` reads it under a save storm).
+copying, page faults, a long Python walk) shows up here as lag for everyone. Two
+samplers run every few milliseconds, and the Stats RPC summarises a window of each
+(``kvstore bench`` reads both under a save storm):
+
+- **timer lag**: how late a timer due every ``interval_s`` runs. It counts the loop's
+  own work *and* the operating system's: a process asleep in ``epoll_wait`` on a loaded
+  machine waits for a core when its timer expires (measured on an idle loop at load 5
+  on two cores: p99 3.6-4.2 ms with nothing on the loop at all), and uvloop's timers
+  have millisecond granularity.
+- **busy lag**: how long a callback posted from another thread (the way a finished
+  gRPC read, a worker thread's result or a signal reaches the loop) waits until the
+  loop runs it. It counts only what holds the loop or the GIL: a long RPC handler,
+  hashing or copying on the loop, page faults of fresh pages, a collector pass, a
+  thread that does not let go of the GIL (same idle loop: p99 0.04 ms).
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -24,28 +36,60 @@ class LagSummary:
     max_ms: float
 
 
+def _summary(samples: deque[tuple[float, float]], since: float) -> LagSummary:
+    lags = sorted(lag for t, lag in list(samples) if t >= since)
+    if not lags:
+        return LagSummary(0, 0.0, 0.0, 0.0)
+    n = len(lags)
+    return LagSummary(n, lags[n // 2] * 1e3, lags[min(n - 1, int(n * 0.99))] * 1e3,
+                      lags[-1] * 1e3)
+
+
 class LoopLag:
-    """Sample the running loop's lag every ``interval_s`` (keeps ``keep`` samples)."""
+    """Sample the running loop's lag every ``interval_s`` (keeps ``keep`` samples of
+    each kind); :meth:`run` runs both samplers until it is cancelled."""
 
     def __init__(self, interval_s: float = 0.005, keep: int = 20_000) -> None:
         self.interval_s = interval_s
-        #: (monotonic time of the sample, lag in seconds)
+        #: (monotonic time of the sample, lag in seconds): the timer's
         self._samples: deque[tuple[float, float]] = deque(maxlen=keep)
+        #: the same for callbacks posted from the sampling thread
+        self._busy: deque[tuple[float, float]] = deque(maxlen=keep)
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop = threading.Event()
+        thread = threading.Thread(target=self._post, args=(loop, stop), daemon=True,
+                                  name="loop-lag")
+        thread.start()
         interval = self.interval_s
-        while True:
-            due = time.monotonic() + interval
-            await asyncio.sleep(interval)
+        try:
+            while True:
+                due = time.monotonic() + interval
+                await asyncio.sleep(interval)
+                now = time.monotonic()
+                self._samples.append((now, max(0.0, now - due)))
+        finally:
+            stop.set()
+
+    def _post(self, loop: asyncio.AbstractEventLoop, stop: threading.Event) -> None:
+        """The busy sampler's thread: post a stamped callback, wait, again."""
+        busy = self._busy
+
+        def ran(sent: float) -> None:
             now = time.monotonic()
-            self._samples.append((now, max(0.0, now - due)))
+            busy.append((now, now - sent))
+
+        while not stop.wait(self.interval_s):
+            try:
+                loop.call_soon_threadsafe(ran, time.monotonic())
+            except RuntimeError:  # the loop is closed
+                return
 
     def summary(self, window_s: float = 10.0, now: float | None = None) -> LagSummary:
-        """The lag over the last ``window_s`` seconds."""
-        since = (time.monotonic() if now is None else now) - window_s
-        lags = sorted(lag for t, lag in self._samples if t >= since)
-        if not lags:
-            return LagSummary(0, 0.0, 0.0, 0.0)
-        n = len(lags)
-        return LagSummary(n, lags[n // 2] * 1e3, lags[min(n - 1, int(n * 0.99))] * 1e3,
-                          lags[-1] * 1e3)
+        """The timer lag over the last ``window_s`` seconds."""
+        return _summary(self._samples, (time.monotonic() if now is None else now) - window_s)
+
+    def busy_summary(self, window_s: float = 10.0, now: float | None = None) -> LagSummary:
+        """The busy lag (a posted callback's wait for the loop) over ``window_s``."""
+        return _summary(self._busy, (time.monotonic() if now is None else now) - window_s)

@@ -154,7 +154,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                             else None),
             hold=request.hold, lease_seconds=request.lease_seconds, owner=_owner(context))
         resp = pb.LookupResponse(num_hit=len(found.media),
-                                 media=[MEDIUM_TO_PB[m] for m in found.media],
+                                 media=list(map(MEDIUM_TO_PB.__getitem__, found.media)),
                                  store_blocks=found.store, keep_ms=found.keep_s * 1e3)
         if found.held is not None:
             resp.held.CopyFrom(self._held_to_pb(*found.held))
@@ -370,8 +370,11 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         if not 0 < window_s < 1e6:
             window_s = 10.0
         lag = self.loop_lag.summary(window_s)
+        busy = self.loop_lag.busy_summary(window_s)
         return pb.LoopLag(samples=lag.samples, p50_ms=lag.p50_ms, p99_ms=lag.p99_ms,
-                          max_ms=lag.max_ms)
+                          max_ms=lag.max_ms, busy_samples=busy.samples,
+                          busy_p50_ms=busy.p50_ms, busy_p99_ms=busy.p99_ms,
+                          busy_max_ms=busy.max_ms)
 
     @_unary
     async def Profile(self, request: pb.ProfileRequest, context: Any) -> pb.ProfileResponse:

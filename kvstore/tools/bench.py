@@ -63,8 +63,12 @@ def _loop_lag(address: str, window_s: float) -> dict[str, float] | None:
     if not st.HasField("loop_lag") or not st.loop_lag.samples:
         return None
     lag = st.loop_lag
-    return {"samples": lag.samples, "p50_ms": round(lag.p50_ms, 3),
-            "p99_ms": round(lag.p99_ms, 3), "max_ms": round(lag.max_ms, 3)}
+    out = {"samples": lag.samples, "p50_ms": round(lag.p50_ms, 3),
+           "p99_ms": round(lag.p99_ms, 3), "max_ms": round(lag.max_ms, 3)}
+    if lag.busy_samples:  # (a server before the busy sampler reports none)
+        out.update(busy_p50_ms=round(lag.busy_p50_ms, 3), busy_p99_ms=round(lag.busy_p99_ms, 3),
+                   busy_max_ms=round(lag.busy_max_ms, 3))
+    return out
 
 
 def _save_storm(address: str, hashes: list[bytes], seconds: float) -> dict[str, Any]:
@@ -169,8 +173,14 @@ def _print(results: dict[str, Any]) -> None:
     st = results["storm"]
 
     def lag(d: dict[str, float] | None) -> str:
-        return (f"p50 {d['p50_ms']:.3f} ms, p99 {d['p99_ms']:.3f} ms, max {d['max_ms']:.3f} ms"
-                if d else "not reported by this server")
+        if not d:
+            return "not reported by this server"
+        out = (f"timer p50 {d['p50_ms']:.3f} ms, p99 {d['p99_ms']:.3f} ms, "
+               f"max {d['max_ms']:.3f} ms")
+        if "busy_p99_ms" in d:
+            out += (f"; busy p50 {d['busy_p50_ms']:.3f} ms, p99 {d['busy_p99_ms']:.3f} ms, "
+                    f"max {d['busy_max_ms']:.3f} ms")
+        return out
 
     print(f"under a save storm ({st['seconds']:.0f} s, 32 x 1 MiB puts back to back from "
           f"another process): lookup p50 {st['lookup_p50_ms']:.3f} ms, "

@@ -4,6 +4,7 @@ server's event loop, and a writer whose checksum lies caught at the first read."
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import Counter
 from collections.abc import Sequence
@@ -182,3 +183,35 @@ def test_a_large_delete_lets_the_event_loop_run_other_calls(server_factory):
     assert ran >= 3  # other calls ran while the 1,024 blocks were deleted
     with KVStoreClient(server.address) as c:
         assert c.lookup("m", [b.block_hash for b in blocks]).num_hit == 0
+
+
+def test_stats_report_the_loops_busy_lag_apart_from_the_timers(server):
+    # The busy sampler (a callback posted from another thread) reports its own samples.
+    with grpc.insecure_channel(server.address) as ch:
+        stub = pb_grpc.KVStoreStub(ch)
+        stub.Stats(pb.StatsRequest())
+        threading.Event().wait(0.3)
+        lag = stub.Stats(pb.StatsRequest(loop_lag_window_s=60)).loop_lag
+    assert lag.busy_samples >= 10
+    assert 0 <= lag.busy_p50_ms <= lag.busy_p99_ms <= lag.busy_max_ms < 60_000
+
+
+def test_the_busy_lag_counts_work_that_holds_the_loop():
+    import asyncio
+    import time
+
+    from kvstore.server.looplag import LoopLag
+
+    async def main() -> float:
+        lag = LoopLag(interval_s=0.002)
+        task = asyncio.get_running_loop().create_task(lag.run())
+        await asyncio.sleep(0.1)
+        assert lag.busy_summary(60).samples >= 5
+        time.sleep(0.08)  # a handler that holds the loop for 80 ms
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return lag.busy_summary(60).max_ms
+
+    assert asyncio.run(main()) >= 50  # a callback posted meanwhile waited for it

@@ -315,16 +315,24 @@ class StatsRequest(_message.Message):
     def __init__(self, loop_lag_window_s: _Optional[float] = ...) -> None: ...
 
 class LoopLag(_message.Message):
-    __slots__ = ("samples", "p50_ms", "p99_ms", "max_ms")
+    __slots__ = ("samples", "p50_ms", "p99_ms", "max_ms", "busy_samples", "busy_p50_ms", "busy_p99_ms", "busy_max_ms")
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     P50_MS_FIELD_NUMBER: _ClassVar[int]
     P99_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_MS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    BUSY_P50_MS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_P99_MS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_MAX_MS_FIELD_NUMBER: _ClassVar[int]
     samples: int
     p50_ms: float
     p99_ms: float
     max_ms: float
-    def __init__(self, samples: _Optional[int] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., max_ms: _Optional[float] = ...) -> None: ...
+    busy_samples: int
+    busy_p50_ms: float
+    busy_p99_ms: float
+    busy_max_ms: float
+    def __init__(self, samples: _Optional[int] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., max_ms: _Optional[float] = ..., busy_samples: _Optional[int] = ..., busy_p50_ms: _Optional[float] = ..., busy_p99_ms: _Optional[float] = ..., busy_max_ms: _Optional[float] = ...) -> None: ...
 
 class TierStats(_message.Message):
     __slots__ = ("name", "medium", "capacity_bytes", "used_bytes", "blocks", "hits", "evictions")
