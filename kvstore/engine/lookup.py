@@ -84,13 +84,16 @@ class Lookups:
         worth = planner.geometry.worth(namespace)
         tiers = pl.tiers
         worthy = {name: worth[pl.rank(name)] for name in set(first)}
-        served = 0
-        for name in first:
-            if not worthy[name]:
-                break
-            served += 1
+        if all(worthy.values()):  # (every tier holding a hit is worth loading from)
+            served = len(first)
+        else:
+            served = 0
+            for name in first:
+                if not worthy[name]:
+                    break
+                served += 1
         medium = {name: tiers[name].medium for name in worthy}
-        media = [medium[name] for name in first[:served]]
+        media = list(map(medium.__getitem__, first[:served]))
         now = pl.clock()
         opened = planner.requests.get(namespace, request_id)
         if opened is not None:  # a repeat: counted once
