@@ -13,6 +13,8 @@ command                what it measures                            module
                        (``dram``, ``disk``, ``alloc``, ``restart``)
 ``bench-redis``        the Redis tier vs raw redis-py              :mod:`.bench_redis`
 ``bench-events``       event stream throughput and latency         :mod:`.bench_events`
+``bench-loop``         the event loop's CPU per Lookup and per     :mod:`.bench_loop`
+                       Reserve / Commit / Acquire block
 ``bench-lmcache``      LMCache backends vs the kvstore plugin      :mod:`.lmcache.bench`
 ``bench-lmcache-compare``, ``bench-lmcache-breakdown``             :mod:`.lmcache`
                        (run these three in the LMCache venv)
@@ -39,6 +41,8 @@ PASSTHROUGH: dict[str, tuple[str, str]] = {
                     "restart)"),
     "bench-redis": ("kvstore.tools.bench_redis", "the Redis tier vs raw redis-py, same run"),
     "bench-events": ("kvstore.tools.bench_events", "event stream throughput and latency"),
+    "bench-loop": ("kvstore.tools.bench_loop", "the event loop's CPU per Lookup and per "
+                   "Reserve / Commit / Acquire block, in process"),
     "bench-lmcache": ("kvstore.tools.lmcache.bench",
                       "LMCache CPU / redis:// / kvstore plugin (LMCache venv)"),
     "bench-lmcache-compare": ("kvstore.tools.lmcache.compare",

@@ -1,0 +1,165 @@
+"""``kvstore bench-loop``: the event loop's CPU per call, in process.
+
+What a call costs the server's event loop, timed as the loop thread's CPU time
+(``time.thread_time``) rather than wall time, so that other jobs on a shared machine
+move it little: the servicer's Lookup of 1,000 stored hashes (request parsed and
+response serialised as gRPC would), and Reserve, Commit (with the writer's checksums,
+as the client sends them) and Acquire per block of a batch. The server is the real one
+(:class:`~kvstore.server.app.KVStoreServer`, DRAM only, its default policy) on this
+process's loop; only the transport is left out, which ``kvstore bench`` times with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "run"]
+
+
+class _Context:
+    """The little of a gRPC servicer context the servicer reads."""
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def set_trailing_metadata(self, md: Any) -> None:
+        pass
+
+    async def abort(self, code: Any, details: str) -> None:
+        raise RuntimeError(f"{code}: {details}")
+
+
+def _cpu_us(samples: list[float], per: int) -> dict[str, float]:
+    s = sorted(x / per * 1e6 for x in samples)
+    return {"min_us": round(s[0], 2), "p50_us": round(statistics.median(s), 2)}
+
+
+async def _run(lookups: int, block: int, blocks: int, batches: int) -> dict[str, Any]:
+    import xxhash
+
+    from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
+    from kvstore.config import load_config
+    from kvstore.server.app import KVStoreServer
+    from kvstore.server.servicer import KVStoreServicer
+    from kvstore.tools.harness import free_port
+    from kvstore.tools.measure import make_blocks
+
+    data = tempfile.mkdtemp(prefix="kvstore-bench-loop-")
+    capacity = max(512 << 20, 2 * block * blocks + (64 << 20))
+    cfg = load_config(env={}, overrides={
+        "data_dir": data, "disk": {"enabled": False}, "dram": {"capacity": capacity},
+        "events": {"enabled": False},
+        "server": {"listen": f"127.0.0.1:{free_port()}", "metrics_port": 0}})
+    srv = KVStoreServer(cfg)
+    await srv.start()
+    ctx = _Context()
+    try:
+        assert srv.engine is not None
+        eng = srv.engine
+        sv = KVStoreServicer(eng, srv.events, srv.profile)
+        # -- Lookup of 1,000 stored hashes --------------------------------------------
+        chain = make_blocks(1000, 4096, seed=3)
+        put = pb.PutRequest(namespace="bench-lookup")
+        for b in chain:
+            put.blocks.add(header=pb.BlockHeader(block_hash=b.block_hash,
+                                                 parent_hash=b.parent_hash or b"",
+                                                 token_ids=b.token_ids), payload=b.payload)
+
+        async def one_put() -> AsyncIterator[pb.PutRequest]:
+            yield put
+
+        await sv.Put(one_put(), ctx)
+        wire = pb.LookupRequest(namespace="bench-lookup",
+                                block_hashes=[b.block_hash for b in chain]).SerializeToString()
+        lookup_cpu: list[float] = []
+        for i in range(lookups + 20):
+            t = time.thread_time()
+            resp = await sv.Lookup(pb.LookupRequest.FromString(wire), ctx)
+            resp.SerializeToString()
+            if i >= 20:  # (the first ones warm up)
+                lookup_cpu.append(time.thread_time() - t)
+            if resp.num_hit != 1000:
+                raise RuntimeError(f"lookup found {resp.num_hit} of 1000")
+        # -- Reserve / Commit / Acquire per block ---------------------------------------
+        batch = make_blocks(blocks, block, seed=1)
+        sums = [xxhash.xxh3_64_intdigest(b.payload) for b in batch]
+        headers = [pb.BlockHeader(block_hash=b.block_hash, parent_hash=b.parent_hash or b"",
+                                  token_ids=b.token_ids) for b in batch]
+        cpu: dict[str, list[float]] = {"reserve": [], "commit": [], "acquire": []}
+        for rep in range(batches + 2):
+            ns = f"bench-loop-{rep}"
+            req = pb.ReserveRequest(namespace=ns, block_hashes=[b.block_hash for b in batch],
+                                    sizes=[block] * blocks).SerializeToString()
+            t = time.thread_time()
+            resv = await sv.Reserve(pb.ReserveRequest.FromString(req), ctx)
+            wire_resv = resv.SerializeToString()
+            t_reserve = time.thread_time() - t
+            resv = pb.ReserveResponse.FromString(wire_resv)
+            slots = []
+            for s, c in zip(resv.slots, sums, strict=True):
+                d = pb.SlotDescriptor()
+                d.CopyFrom(s)
+                d.checksum = c
+                slots.append(d)
+            commit = pb.CommitRequest(namespace=ns, slots=slots,
+                                      headers=headers).SerializeToString()
+            t = time.thread_time()
+            stored = (await sv.Commit(pb.CommitRequest.FromString(commit), ctx)).stored
+            t_commit = time.thread_time() - t
+            if stored != blocks:
+                raise RuntimeError(f"commit stored {stored} of {blocks}")
+            acq = pb.AcquireRequest(namespace=ns, block_hashes=[b.block_hash for b in batch]
+                                    ).SerializeToString()
+            t = time.thread_time()
+            lease = await sv.Acquire(pb.AcquireRequest.FromString(acq), ctx)
+            lease.SerializeToString()
+            t_acquire = time.thread_time() - t
+            await sv.Release(pb.ReleaseRequest(lease_id=lease.lease_id), ctx)
+            await eng.delete(ns, [b.block_hash for b in batch])
+            if rep >= 2:
+                cpu["reserve"].append(t_reserve)
+                cpu["commit"].append(t_commit)
+                cpu["acquire"].append(t_acquire)
+        return {
+            "load_average": round(os.getloadavg()[0], 2), "policy": eng.policy.name,
+            "lookup_1000": {"calls": lookups, **{k.replace("_us", "_ms"): round(v / 1e3, 3)
+                                                 for k, v in _cpu_us(lookup_cpu, 1).items()}},
+            "per_block": {"block": block, "blocks": blocks, "batches": batches,
+                          **{op: _cpu_us(v, blocks) for op, v in cpu.items()}},
+        }
+    finally:
+        await srv.stop(0)
+
+
+def run(lookups: int = 300, block: int = 64 << 10, blocks: int = 512, batches: int = 10
+        ) -> dict[str, Any]:
+    return asyncio.run(_run(lookups, block, blocks, batches))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="kvstore bench-loop", description=__doc__.split("\n")[0])
+    p.add_argument("--lookups", type=int, default=300, help="Lookups timed (default 300)")
+    p.add_argument("--block-kib", type=int, default=64, help="block size, KiB (default 64)")
+    p.add_argument("--blocks", type=int, default=512, help="blocks per batch (default 512)")
+    p.add_argument("--batches", type=int, default=10, help="batches timed (default 10)")
+    p.add_argument("--json", help="write the results as JSON here")
+    args = p.parse_args(argv)
+    r = run(args.lookups, args.block_kib << 10, args.blocks, args.batches)
+    lk, pb_ = r["lookup_1000"], r["per_block"]
+    print(f"event-loop CPU per call (policy {r['policy']}, load {r['load_average']}):")
+    print(f"  Lookup of 1,000 stored hashes: p50 {lk['p50_ms']:.3f} ms, min {lk['min_ms']:.3f} ms")
+    print(f"  per {pb_['block'] >> 10} KiB block, batches of {pb_['blocks']}: " + ", ".join(
+        f"{op} p50 {pb_[op]['p50_us']:.1f} us (min {pb_[op]['min_us']:.1f})"
+        for op in ("reserve", "commit", "acquire")))
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=2))
+    return 0
