@@ -93,14 +93,13 @@ class RecentBlocks:
         self._roll(now)
         cur = self._cur.setdefault(namespace, set())
         prev = self._prev.get(namespace, set())
-        if all(map(cur.__contains__, hashes)):  # (a prefix seen whole: one pass in C)
-            hits = len(hashes)
-        else:
-            hits = 0
-            for h in hashes:
-                if h not in cur and h not in prev:
-                    break
-                hits += 1
+        if all(map(cur.__contains__, hashes)):
+            return len(hashes)  # a prefix seen whole (one pass in C): nothing new to keep
+        hits = 0
+        for h in hashes:
+            if h not in cur and h not in prev:
+                break
+            hits += 1
         before = len(cur)
         cur.update(hashes)
         self._cur_size += len(cur) - before
