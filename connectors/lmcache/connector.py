@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -54,8 +55,9 @@ from kvstore.connectors.lmcache.link import FailOpenLink, prefaulting_factory
 from lmcache.v1.memory_management import MemoryObjMetadata, TensorMemoryObj
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
-from kvstore.client import SlotBuffer
+from kvstore.client import LeaseRead, SlotBuffer
 from kvstore.client.held import HeldRead
+from kvstore.errors import KVStoreError
 from kvstore.types import BlockData
 
 __all__ = ["KVStoreRemoteConnector", "layout_of"]
@@ -282,6 +284,7 @@ class KVStoreRemoteConnector(RemoteConnector):
                     elif copy_checked(dst, slot.view()) != slot.checksum:
                         failed.append(j)  # a miss, and reported: the sidecar drops it
                         copied.discard(j)
+                        reported.append(j)
                         continue
                     copied.add(j)
                 except Exception:  # ours, not the sidecar's: this chunk is a miss
@@ -289,8 +292,17 @@ class KVStoreRemoteConnector(RemoteConnector):
             return failed
 
         copied: set[int] = set()
-        sizes: list[int] | None = self.link.call(
-            "get", lambda c: c.get_in_place(ns, hashes, read, verify=False), None)
+        reported: list[int] = []
+        # Every copy was checked itself, so a lease that ran out under it makes a miss,
+        # never wrong bytes: the release need not hold up the retrieve (it runs on the
+        # client's threads), unless it reports a corrupt slot, which the sidecar should
+        # have dropped by the time LMCache sees the miss.
+        read_back: LeaseRead | None = self.link.call(
+            "get", lambda c: c.lease_in_place(ns, hashes, read, verify=False), None)
+        sizes = read_back.sizes if read_back is not None else None
+        if read_back is not None and reported:
+            with contextlib.suppress(KVStoreError):
+                read_back.confirm()
         for j, size in enumerate(sizes or ()):
             if size and j in copied:
                 out[run[j]] = got.pop(j)
