@@ -23,7 +23,8 @@ What LMCache calls and what it gets:
   objects wait for their request) and ``get`` (LMCache files a single get in its
   local cache whatever its config): each payload is copied once, from the slot
   (under its read lease) into a ``MemoryObj`` allocated from LMCache's own allocator
-  for exactly that many tokens.
+  for exactly that many tokens, and the copy is checked as it is made (one pass over
+  the bytes: :mod:`.fused`) against the checksum the sidecar returned with the slot.
 * ``remove_sync``: ``Delete``; ``list``: ``[]`` (the sidecar lists namespaces, not keys).
 
 Fail open: every call goes through :class:`~.link.FailOpenLink` and is bounded by
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -47,12 +49,15 @@ import numpy as np
 import torch
 from kvstore.connectors.lmcache.ahead import HeldAhead
 from kvstore.connectors.lmcache.config import PluginConfig
+from kvstore.connectors.lmcache.fused import copy_checked
 from kvstore.connectors.lmcache.keys import ChunkLayout, KeyMapper
 from kvstore.connectors.lmcache.link import FailOpenLink, prefaulting_factory
 from lmcache.v1.memory_management import MemoryObjMetadata, TensorMemoryObj
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
+from kvstore.client import LeaseRead, SlotBuffer
 from kvstore.client.held import HeldRead
+from kvstore.errors import KVStoreError
 from kvstore.types import BlockData
 
 __all__ = ["KVStoreRemoteConnector", "layout_of"]
@@ -261,28 +266,48 @@ class KVStoreRemoteConnector(RemoteConnector):
                 return
             run, hashes = [run[j] for j in rest], [hashes[j] for j in rest]
 
-        def sink(j: int, payload: bytes | bytearray | memoryview) -> int:
-            try:
-                obj = got.get(j)
-                if obj is None:
-                    obj = self._allocate(len(payload))
+        def read(batch: Sequence[tuple[int, SlotBuffer]]) -> list[int]:
+            """Copy each slot into its memory object, checking the copy (one pass);
+            returns the indices whose bytes did not match the sidecar's checksum."""
+            failed = []
+            for j, slot in batch:
+                try:
+                    obj = got.get(j)
                     if obj is None:
-                        return 0
-                    got[j] = obj
-                np.copyto(np.frombuffer(obj.byte_array, dtype=np.uint8),
-                          np.frombuffer(payload, dtype=np.uint8))
-                return len(payload)
-            except Exception:  # ours, not the sidecar's: this chunk is a miss
-                logger.exception("copying a kvstore chunk into LMCache memory failed")
-                return 0
+                        obj = self._allocate(slot.length)
+                        if obj is None:
+                            continue
+                        got[j] = obj
+                    dst = memoryview(obj.byte_array).cast("B")
+                    if slot.checksum is None:  # came over gRPC, checked by the sidecar
+                        dst[:] = slot.view()
+                    elif copy_checked(dst, slot.view()) != slot.checksum:
+                        failed.append(j)  # a miss, and reported: the sidecar drops it
+                        copied.discard(j)
+                        reported.append(j)
+                        continue
+                    copied.add(j)
+                except Exception:  # ours, not the sidecar's: this chunk is a miss
+                    logger.exception("copying a kvstore chunk into LMCache memory failed")
+            return failed
 
-        sizes: list[int] | None = self.link.call(
-            "get", lambda c: c.get_each(ns, hashes, sink), None)
+        copied: set[int] = set()
+        reported: list[int] = []
+        # Every copy was checked itself, so a lease that ran out under it makes a miss,
+        # never wrong bytes: the release need not hold up the retrieve (it runs on the
+        # client's threads), unless it reports a corrupt slot, which the sidecar should
+        # have dropped by the time LMCache sees the miss.
+        read_back: LeaseRead | None = self.link.call(
+            "get", lambda c: c.lease_in_place(ns, hashes, read, verify=False), None)
+        sizes = read_back.sizes if read_back is not None else None
+        if read_back is not None and reported:
+            with contextlib.suppress(KVStoreError):
+                read_back.confirm()
         for j, size in enumerate(sizes or ()):
-            if size:
+            if size and j in copied:
                 out[run[j]] = got.pop(j)
         _release(got.values())
-        self._count("copied", sum(1 for s in sizes or () if s))
+        self._count("copied", sum(1 for j, s in enumerate(sizes or ()) if s and j in copied))
 
     def _count(self, how: str, n: int) -> None:
         with self._count_lock:

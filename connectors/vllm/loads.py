@@ -3,8 +3,11 @@
 One ``Acquire`` leases every block a step loads; while the lease holds, the
 payloads are read in the sidecar's shared-memory slots themselves
 (``get_in_place``): each header is checked (namespace and layout digest,
-block hash, length), the bodies are checksummed on a helper thread while the
-main thread copies them, and the lease is released. Nothing is copied on the
+block hash, length), each slot is hashed once on a helper thread while the
+main thread copies it, against the checksum the sidecar recorded from the
+save's commit and returned with the slot (one xxh3 pass per loaded byte; the
+client does not check again: ``verify=False``), and the lease is released.
+A slot that fails is reported to the sidecar, which drops that copy. Nothing is copied on the
 way: the host backend copies slot -> KV tensor (:class:`DirectLoad`), a
 device backend slot -> pinned staging -> device, layer by layer, on its own
 stream and thread so the forward of early layers overlaps the copies of
@@ -31,8 +34,8 @@ from kvstore.connectors.vllm import threads as conn_threads
 from kvstore.connectors.vllm.payload import (
     HEADER_SIZE,
     PayloadError,
-    body_matches,
     check_header,
+    slot_matches,
 )
 from kvstore.connectors.vllm.rows import SlotArrays
 
@@ -74,30 +77,33 @@ class Checker:
 
     def headers(
         self, batch: Batch, hashes: Sequence[bytes]
-    ) -> tuple[list[tuple[int, SlotBuffer, int]], list[int]]:
-        """``(index, slot, checksum)`` of payloads whose header fits, and the rest."""
-        good: list[tuple[int, SlotBuffer, int]] = []
+    ) -> tuple[list[tuple[int, SlotBuffer]], list[int]]:
+        """``(index, slot)`` of payloads whose header fits, and the rest."""
+        good: list[tuple[int, SlotBuffer]] = []
         bad: list[int] = []
         for i, slot in batch:
             try:
-                checksum = check_header(
+                check_header(
                     slot.buffer, slot.offset, slot.length, self.digest, hashes[i], self.body_size
                 )
             except PayloadError as exc:
                 logger.warning("kvstore: not loading block %s: %s", hashes[i].hex()[:16], exc)
                 bad.append(i)
                 continue
-            good.append((i, slot, checksum))
+            good.append((i, slot))
         return good, bad
 
-    def bodies(self, good: Sequence[tuple[int, SlotBuffer, int]]) -> Pending:
-        """Indices whose body does not match its checksum (computed on the helpers)."""
+    def bodies(self, good: Sequence[tuple[int, SlotBuffer]]) -> Pending:
+        """Indices whose slot (header and body) does not match the checksum the
+        sidecar recorded for it (hashed on the helpers; a slot without one came over
+        gRPC, checked by the sidecar before it sent it)."""
 
-        def run(part: Sequence[tuple[int, SlotBuffer, int]]) -> list[int]:
+        def run(part: Sequence[tuple[int, SlotBuffer]]) -> list[int]:
             return [
                 i
-                for i, s, checksum in part
-                if not body_matches(s.buffer, s.offset, s.length, checksum)
+                for i, s in part
+                if s.checksum is not None
+                and not slot_matches(s.buffer, s.offset, s.length, s.checksum)
             ]
 
         n = len(good)
@@ -165,32 +171,33 @@ class DirectLoad:
         self.link = link
 
     def run(self, job: LoadJob) -> None:
-        def read(batch: Batch) -> None:
+        def read(batch: Batch) -> list[int]:
             good, bad = self.checker.headers(batch, job.hashes)
             pending = self.checker.bodies(good)
             try:
                 with job.gate:  # a load given up (late) copies nothing
                     if job.cancelled:
-                        return
+                        return []
                     arrays = SlotArrays()
-                    bodies = arrays.rows([s for _, s, _ in good], HEADER_SIZE,
+                    bodies = arrays.rows([s for _, s in good], HEADER_SIZE,
                                          self.checker.body_size)
-                    self.kv.from_bodies([job.block_ids[i] for i, _, _ in good], bodies)
+                    self.kv.from_bodies([job.block_ids[i] for i, _ in good], bodies)
                     arrays.clear()
             finally:
                 failed = pending.result()
             job.failed_checksums(failed)
-            for i, _, _ in good:
+            for i, _ in good:
                 job.ok[i] = True
             for i in [*bad, *failed]:
                 job.ok[i] = False
+            return failed  # reported to the sidecar, which drops those copies
 
         # The lease is released in the background, under the forward: confirm() says
         # (after it) whether the lease held while the blocks were read.
         lease = self.link.call(
             "get",
             lambda c: c.lease_in_place(
-                # read() checks each payload's own header and checksum in place
+                # read() checks each header, and each slot against its checksum, in place
                 job.namespace, job.hashes, read, max_batch=len(job.hashes), verify=False
             ),
             None,
@@ -227,7 +234,7 @@ class LayerwiseLoad:
             done = self.link.call(
                 "get",
                 lambda c: c.get_in_place(
-                    # _read checks each payload's own header and checksum in place
+                    # _read checks each header, and each slot against its checksum, in place
                     job.namespace, job.hashes, self._read, max_batch=len(job.hashes),
                     verify=False,
                 ),
@@ -243,15 +250,15 @@ class LayerwiseLoad:
             job.seconds = time.perf_counter() - job.started
             self.done.set()
 
-    def _read(self, batch: Batch) -> None:
+    def _read(self, batch: Batch) -> list[int]:
         job = self.job
         self._reads += 1
         good, bad = self.checker.headers(batch, job.hashes)
-        positions = [i for i, _, _ in good]
+        positions = [i for i, _ in good]
         pending = self.checker.bodies(good)
         try:
             arrays = SlotArrays()
-            bodies = arrays.rows([s for _, s, _ in good], HEADER_SIZE, self.checker.body_size)
+            bodies = arrays.rows([s for _, s in good], HEADER_SIZE, self.checker.body_size)
             complete = len(good) == len(job.hashes)
             for layer in range(len(self.kv.layout.layers)):
                 self.staged.stage(positions, bodies, [layer])
@@ -265,6 +272,7 @@ class LayerwiseLoad:
             job.ok[i] = True
         for i in [*bad, *failed]:
             job.ok[i] = False
+        return failed  # reported to the sidecar, which drops those copies
 
     def wait_layer(self, index: int) -> None:
         if self.late:

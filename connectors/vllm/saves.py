@@ -8,9 +8,11 @@ since vLLM keeps the blocks (see below).
 
 The queue's thread writes each job with ``put_in_place``: it reserves slots
 in the sidecar's shared memory, copies every layer's part of each block
-straight into its slot, checksums the body where it lies and writes the
-header in front of it (on a helper thread, overlapping the next copies),
-and commits. One copy per block, no intermediate buffer.
+straight into its slot, writes the header in front of it, and commits. One
+copy per block, no intermediate buffer, and one hash pass: the client takes
+each slot's xxh3-64 (header and body) on its call threads while the next
+chunk is copied, and that checksum travels with the commit; the sidecar
+records it as the block's, and the load checks the slot against it.
 
 vLLM frees a finished request's blocks only when the worker says its
 transfers are done (``request_finished`` returned True, ``get_finished``
@@ -28,7 +30,6 @@ import threading
 import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -47,10 +48,6 @@ if TYPE_CHECKING:
 __all__ = ["SaveJob", "SaveQueue", "SaveResult"]
 
 logger = logging.getLogger("kvstore.connectors.vllm")
-
-#: Bytes copied before the checksums of those blocks go to the helper thread.
-_SEAL_CHUNK = 8 * 2**20
-
 
 @dataclass(eq=False)
 class SaveJob:
@@ -100,8 +97,6 @@ class SaveQueue:
         self._pending: Counter[str] = Counter()  # req id -> jobs not done
         self._cond = threading.Condition()
         self._closed = False
-        self._seal_threads = kv.host_threads if isinstance(kv, DeviceKV) else 1
-        self._sealer = threads.pool(self._seal_threads, "kvstore-seal")
         self._thread = threads.start(self._loop, "kvstore-save")
 
     # -- step thread ------------------------------------------------------------------
@@ -162,7 +157,6 @@ class SaveQueue:
             self._closed = True
             self._cond.notify_all()
         self._thread.join(timeout_s)
-        self._sealer.shutdown(wait=True)
 
     # -- save thread ------------------------------------------------------------------
     def _loop(self) -> None:
@@ -231,32 +225,20 @@ class SaveQueue:
         return result
 
     def _fill(self, job: SaveJob, items: list[tuple[int, bytes, SlotBuffer]]) -> None:
-        """Copy blocks (position in the job, hash, slot) into their slots, then seal
-        each (checksum + header) on the helper while the next ones are copied."""
-        per_chunk = max(1, _SEAL_CHUNK // self.body_size)
-        sealing: list[Future[None]] = []
+        """Copy blocks (position in the job, hash, slot) into their slots and write
+        each one's header (the client hashes the slots afterwards, chunk by chunk,
+        while it hands the next chunk here)."""
         arrays = SlotArrays()
         try:
-            for start in range(0, len(items), per_chunk):
-                part = items[start : start + per_chunk]
-                bodies = arrays.rows([slot for _, _, slot in part], HEADER_SIZE, self.body_size)
-                positions = [p for p, _, _ in part]
-                if isinstance(self.kv, HostKV):
-                    self.kv.to_bodies([job.blocks[p][1].block_id for p in positions], bodies)
-                elif job.snapshot is not None:
-                    self.kv.snapshot_to_bodies(job.snapshot, positions, bodies)
-                else:
-                    raise RuntimeError("a device-backend save job without its snapshot")
-                step = max(1, -(-len(part) // self._seal_threads))
-                sealing += [
-                    self._sealer.submit(self._seal, part[k : k + step])
-                    for k in range(0, len(part), step)
-                ]
+            bodies = arrays.rows([slot for _, _, slot in items], HEADER_SIZE, self.body_size)
+            positions = [p for p, _, _ in items]
+            if isinstance(self.kv, HostKV):
+                self.kv.to_bodies([job.blocks[p][1].block_id for p in positions], bodies)
+            elif job.snapshot is not None:
+                self.kv.snapshot_to_bodies(job.snapshot, positions, bodies)
+            else:
+                raise RuntimeError("a device-backend save job without its snapshot")
+            for _, block_hash, slot in items:
+                seal(slot.buffer, slot.offset, slot.length, self.digest, block_hash)
         finally:
-            for f in sealing:
-                f.result()
             arrays.clear()
-
-    def _seal(self, part: list[tuple[int, bytes, SlotBuffer]]) -> None:
-        for _, block_hash, slot in part:
-            seal(slot.buffer, slot.offset, slot.length, self.digest, block_hash)

@@ -4,7 +4,7 @@ segments is :mod:`kvstore.client.segments`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +49,10 @@ class BlockSpec:
 
 
 #: Reads or writes a batch of blocks in place: ``(index in the call, where it lies)``.
-SlotCallback = Callable[[Sequence[tuple[int, SlotBuffer]]], None]
+#: Gets ``(i, slot)`` pairs. A reader that checks the bytes itself (``verify=False``)
+#: returns the indices ``i`` whose bytes failed its check (None: all good): those
+#: blocks count as missing and are reported to the server, which drops the copy.
+SlotCallback = Callable[[Sequence[tuple[int, SlotBuffer]]], "Collection[int] | None"]
 
 
 @dataclass(slots=True)

@@ -238,7 +238,9 @@ class InPlace:
         later call), so ``read`` must be idempotent per index. With ``verify`` each slot
         is checked against its descriptor's checksum after ``read``: a mismatch makes the
         block missing (0) and is reported to the server, which drops the corrupt copy
-        (pass False only when ``read`` verifies the bytes itself)."""
+        (pass False only when ``read`` verifies the bytes itself: against
+        ``slot.checksum``, returning the indices that failed, which are made missing and
+        reported the same way)."""
         return self._get_in_place(namespace, hashes, read, max_batch, defer=False,
                                   verify=verify).sizes
 
@@ -313,7 +315,12 @@ class InPlace:
         release = pb.ReleaseRequest(lease_id=resp.lease_id)
         try:
             if slots:
-                read([(base + i, slot) for i, slot in slots])
+                # a reader that checked the bytes itself says which did not match
+                for j in read([(base + i, slot) for i, slot in slots]) or ():
+                    i = j - base
+                    if 0 <= i < len(sizes) and sizes[i]:
+                        sizes[i] = 0
+                        release.corrupt_hashes.append(bytes(resp.headers[i].block_hash))
                 if verify:  # what read took is good only if the slot still matches now
                     digests = self._checksums([slot.view() for _, slot in slots])
                     for (i, _), digest in zip(slots, digests, strict=True):

@@ -24,11 +24,18 @@ class SlotBuffer:
 
     Over shared memory ``buffer`` is the server's whole segment, so a caller can
     address adjacent slots with one strided copy; over gRPC it is the block's own
-    bytes (read-only on reads). Valid only inside the callback that received it."""
+    bytes (read-only on reads). Valid only inside the callback that received it.
+
+    ``checksum``: on a read from shared memory, the xxh3-64 of the slot's bytes as
+    the server recorded it (the writer's, from its commit), for a reader that checks
+    the bytes itself (``verify=False``); None where there is none to check against
+    (a slot handed out to be written, or a copy that came over gRPC, which the
+    server checked before it sent it)."""
 
     buffer: memoryview
     offset: int
     length: int
+    checksum: int | None = None
 
     def view(self) -> memoryview:
         return self.buffer[self.offset:self.offset + self.length]
@@ -98,7 +105,7 @@ class SegmentCache:
             raise BadDescriptor(
                 f"server gave descriptor {d.segment}@{d.offset}+{d.length} outside the segment "
                 f"({len(buf)} bytes)")
-        return SlotBuffer(buf, int(d.offset), int(d.length))
+        return SlotBuffer(buf, int(d.offset), int(d.length), int(d.checksum) or None)
 
     def region(self, d: pb.SlotDescriptor) -> memoryview:
         return self.slot(d).view()

@@ -149,6 +149,37 @@ def test_an_engine_with_a_local_cache_gets_copies_it_may_keep(server: Any,
     assert link["zero_copy"] is False and link["handed"] == {"held": 0, "copied": CHUNKS}
 
 
+def test_a_corrupt_slot_fails_a_copying_retrieve_and_is_dropped(server_factory: Any,
+                                                                driver: Driver) -> None:
+    """The copying retrieve checks each chunk once, as it copies it: a flipped byte in
+    the sidecar's slot is a miss (never wrong KV), and the plugin reports it, so the
+    sidecar drops that copy."""
+    from kvstore.connectors.lmcache.keys import block_hash_of
+
+    # DRAM only: a disk tier's write-back may land an intact copy before the flip.
+    server = server_factory(disk={"enabled": False})
+    _engine(driver, "a", server.address)
+    stored = _store(driver, "a", prompt=5, kv_seed=55)
+    bad = block_hash_of(stored["chunk_hashes"][1])
+    ns = next(e.key.namespace for e in server.engine.index.entries()
+              if e.key.block_hash == bad)
+
+    def flip(batch: Any) -> None:
+        for _, slot in batch:
+            slot.buffer[slot.offset + 1000] ^= 0xFF
+
+    with KVStoreClient(server.address) as c:
+        c.get_in_place(ns, [bad], flip, verify=False)  # unchecked: the sidecar keeps it
+        assert c.lookup(ns, [bad]).num_hit == 1
+    _engine(driver, "c", server.address, local_cpu=True)
+    out = _retrieve(driver, "c", prompt=5, kv_seed=55)  # equal bytes over what it hit
+    assert out["hit_tokens"] < TOKENS
+    assert driver.call("link", name="c")["handed"]["held"] == 0
+    assert _leases_end(server)
+    with KVStoreClient(server.address, shared_memory=False) as c:
+        assert c.lookup(ns, [bad]).num_hit == 0  # reported and dropped
+
+
 def test_cache_salts_and_tenants_never_see_each_others_chunks(server: Any,
                                                               driver: Driver) -> None:
     # The same tokens under two salts, with different KV: each salt reads its own.

@@ -146,3 +146,37 @@ def test_a_lease_that_ends_while_reading(server_factory) -> None:
         reads.clear()
         lease = c.lease_in_place("ns", hashes, lambda batch: None)
         lease.confirm()  # released in time: nothing to say
+
+
+def test_a_reader_that_checks_itself_gets_the_slot_checksum_and_reports_failures(
+        server_factory) -> None:
+    """With ``verify=False`` each slot carries the checksum the server recorded; the
+    indices ``read`` returns are misses and reported, and the server drops a copy
+    only if its own check agrees (a reader cannot make it drop an intact block)."""
+    import xxhash
+
+    srv = server_factory(disk={"enabled": False})
+    blocks = make_chain(3, 8192, seed=21)
+    hashes = [b.block_hash for b in blocks]
+    with KVStoreClient(srv.address, shared_memory=True) as c:
+        c.put("ns", blocks)
+
+        def corrupt(batch: Sequence[tuple[int, SlotBuffer]]) -> None:
+            for _, slot in batch:
+                slot.buffer[slot.offset + 9] ^= 0xFF
+
+        c.get_in_place("ns", hashes[2:], corrupt, verify=False)  # unchecked write
+        seen: dict[int, int | None] = {}
+
+        def read(batch: Sequence[tuple[int, SlotBuffer]]) -> list[int]:
+            failed = []
+            for i, slot in batch:
+                seen[i] = slot.checksum
+                if xxhash.xxh3_64_intdigest(slot.view()) != slot.checksum:
+                    failed.append(i)
+            return [*failed, 1]  # 1 is intact: reported all the same
+
+        assert c.get_in_place("ns", hashes, read, verify=False) == [8192, 0, 0]
+        assert seen == {i: xxhash.xxh3_64_intdigest(b.payload) for i, b in enumerate(blocks)}
+        assert c.lookup("ns", hashes[1:2]).num_hit == 1  # the server's check: intact, kept
+        assert c.lookup("ns", hashes[2:]).num_hit == 0  # corrupt: dropped

@@ -132,23 +132,27 @@ def test_session_inferred_from_prefix_chain() -> None:
 
 
 def test_payload_roundtrip_and_every_refusal() -> None:
+    import xxhash
+
     digest = layout_digest("ns", "layout")
     body = bytes(range(256)) * 4
-    payload = pack_header(digest, b"h" * 32, body) + body
+    payload = pack_header(digest, b"h" * 32) + body
+    checksum = xxhash.xxh3_64_intdigest(payload)  # the slot's, as the sidecar records it
     assert len(payload) == HEADER_SIZE + len(body)
-    assert bytes(unpack_body(payload, digest, b"h" * 32, len(body))) == body
+    assert bytes(unpack_body(payload, digest, b"h" * 32, len(body), checksum)) == body
     with pytest.raises(PayloadError, match="namespace or KV layout"):
-        unpack_body(payload, layout_digest("ns2", "layout"), b"h" * 32, len(body))
+        unpack_body(payload, layout_digest("ns2", "layout"), b"h" * 32, len(body), checksum)
     with pytest.raises(PayloadError, match="another block hash"):
-        unpack_body(payload, digest, b"g" * 32, len(body))
-    corrupted = bytearray(payload)
-    corrupted[-1] ^= 1
-    with pytest.raises(PayloadError, match="checksum"):
-        unpack_body(corrupted, digest, b"h" * 32, len(body))
+        unpack_body(payload, digest, b"g" * 32, len(body), checksum)
+    for at in (len(payload) - 1, 20, 60):  # the body, a reserved header byte, the old sum
+        corrupted = bytearray(payload)
+        corrupted[at] ^= 1
+        with pytest.raises(PayloadError, match="checksum"):
+            unpack_body(corrupted, digest, b"h" * 32, len(body), checksum)
     with pytest.raises(PayloadError, match="bytes, expected"):
-        unpack_body(payload[:-1], digest, b"h" * 32, len(body))
+        unpack_body(payload[:-1], digest, b"h" * 32, len(body), checksum)
     with pytest.raises(PayloadError, match="not a connector payload"):
-        unpack_body(b"\0" * len(payload), digest, b"h" * 32, len(body))
+        unpack_body(b"\0" * len(payload), digest, b"h" * 32, len(body), None)
 
 
 # -- block addressing in any KV layout ------------------------------------------------

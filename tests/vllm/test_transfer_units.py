@@ -26,10 +26,10 @@ from kvstore.connectors.vllm.loads import Checker, DirectLoad, LayerwiseLoad, Lo
 from kvstore.connectors.vllm.payload import (  # noqa: E402
     HEADER_SIZE,
     PayloadError,
-    body_matches,
     check_header,
     layout_digest,
     seal,
+    slot_matches,
     unpack_body,
 )
 from kvstore.connectors.vllm.plans import BlockSave, SavePlan  # noqa: E402
@@ -134,19 +134,26 @@ def test_copy_rows_never_overlaps_destination_rows_and_checks_sizes() -> None:
 
 
 def test_seal_and_check_in_place() -> None:
+    import xxhash
+
     digest = layout_digest("ns", "layout")
     buf = memoryview(bytearray(1000))
     body = os.urandom(400)
     buf[100 + HEADER_SIZE : 100 + HEADER_SIZE + 400] = body
     seal(buf, 100, HEADER_SIZE + 400, digest, b"h" * 32)
-    checksum = check_header(buf, 100, HEADER_SIZE + 400, digest, b"h" * 32, 400)
-    assert body_matches(buf, 100, HEADER_SIZE + 400, checksum)
-    assert bytes(unpack_body(bytes(buf[100 : 100 + HEADER_SIZE + 400]), digest, b"h" * 32, 400)) \
-        == body
+    check_header(buf, 100, HEADER_SIZE + 400, digest, b"h" * 32, 400)
+    # The checksum is the slot's (header and body), as the client commits it.
+    checksum = xxhash.xxh3_64_intdigest(buf[100 : 100 + HEADER_SIZE + 400])
+    assert slot_matches(buf, 100, HEADER_SIZE + 400, checksum)
+    payload = bytes(buf[100 : 100 + HEADER_SIZE + 400])
+    assert bytes(unpack_body(payload, digest, b"h" * 32, 400, checksum)) == body
     with pytest.raises(PayloadError, match="another block hash"):
         check_header(buf, 100, HEADER_SIZE + 400, digest, b"g" * 32, 400)
     buf[100 + HEADER_SIZE + 7] ^= 1
-    assert not body_matches(buf, 100, HEADER_SIZE + 400, checksum)
+    assert not slot_matches(buf, 100, HEADER_SIZE + 400, checksum)
+    buf[100 + HEADER_SIZE + 7] ^= 1
+    buf[100 + 20] ^= 1  # a reserved header byte: the header is checked by the checksum too
+    assert not slot_matches(buf, 100, HEADER_SIZE + 400, checksum)
 
 
 # -- host and device movers -------------------------------------------------------------
@@ -289,7 +296,8 @@ def test_save_then_load_through_the_sidecar(link: SidecarLink, name: str) -> Non
     other.close()
 
 
-def test_corrupted_payload_is_refused(server_factory: Any) -> None:
+@pytest.mark.parametrize("at", [HEADER_SIZE + 5, 20], ids=["body", "reserved-header-byte"])
+def test_corrupted_payload_is_refused(server_factory: Any, at: int) -> None:
     # DRAM only: with a disk tier the write-back may land an intact copy before the flip,
     # and the sidecar would (rightly) serve that one.
     server = server_factory(disk={"enabled": False})
@@ -300,18 +308,61 @@ def test_corrupted_payload_is_refused(server_factory: Any) -> None:
     queue = SaveQueue(kv_for(layout), link, "ns", digest, lambda job, r: results.append(r))
     hashes = [os.urandom(32) for _ in range(3)]
     _save(queue, results, [_plan(hashes, [1, 2, 3])])
-    # Flip one body byte of the middle block where the sidecar keeps it.
+    # Flip one byte of the middle block where the sidecar keeps it (unchecked, so the
+    # sidecar learns of it only from the connector's load).
     from kvstore.client import KVStoreClient
 
     with KVStoreClient(server.address) as client:
         def flip(batch: Any) -> None:
             for _, slot in batch:
-                slot.buffer[slot.offset + HEADER_SIZE + 5] ^= 0xFF
+                slot.buffer[slot.offset + at] ^= 0xFF
 
-        client.get_in_place("ns", [hashes[1]], flip)
+        client.get_in_place("ns", [hashes[1]], flip, verify=False)
+        checker = Checker(digest, layout.block_bytes)
+        job = LoadJob("ns", hashes, [4, 5, 6])
+        assert _load(kv_for(layout), checker, link, job) == [True, False, True]
+        assert torch.equal(layout.gather([4, 6]), layout.gather([1, 3]))
+        # The load reported the corrupt copy: the sidecar dropped it.
+        assert client.lookup("ns", hashes[1:2]).num_hit == 0
+        assert client.lookup("ns", hashes[2:3]).num_hit == 1
+    queue.close()
+    checker.close()
+    link.close()
+
+
+def test_one_hash_pass_per_saved_and_per_loaded_byte(server_factory: Any,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every xxh3 pass over block bytes, in the connector, the client and the sidecar
+    (in process here), counted: a save hashes each slot once (the client, for the
+    commit), a load once (the connector, against the sidecar's record)."""
+    import xxhash
+
+    server = server_factory(disk={"enabled": False})
+    link = SidecarLink(server.address, 5.0, 1.0)
+    layout = KVLayout(caches("LBHNC", 0), NB)
+    digest = layout_digest("ns", layout.signature)
+    hashed: list[int] = []
+    real = xxhash.xxh3_64_intdigest
+
+    def counting(data: Any, *args: Any) -> int:
+        n = memoryview(data).nbytes
+        if n >= 1024:  # block bytes, not the digests of short keys
+            hashed.append(n)
+        return real(data, *args)
+
+    monkeypatch.setattr(xxhash, "xxh3_64_intdigest", counting)
+    results: list[SaveResult] = []
+    queue = SaveQueue(kv_for(layout), link, "ns", digest, lambda job, r: results.append(r))
+    hashes = [os.urandom(32) for _ in range(6)]
+    slot = HEADER_SIZE + layout.block_bytes
+    assert _save(queue, results, [_plan(hashes, [1, 2, 3, 4, 5, 6])]).saved == {"r1": 6}
+    assert sum(hashed) == 6 * slot, hashed
+    hashed.clear()
     checker = Checker(digest, layout.block_bytes)
-    job = LoadJob("ns", hashes, [4, 5, 6])
-    assert _load(kv_for(layout), checker, link, job) == [True, False, True]
+    job = LoadJob("ns", hashes, [7, 8, 9, 10, 11, 0])
+    assert _load(kv_for(layout), checker, link, job) == [True] * 6
+    assert torch.equal(layout.gather([7, 8, 9, 10, 11, 0]), layout.gather([1, 2, 3, 4, 5, 6]))
+    assert sum(hashed) == 6 * slot, hashed
     queue.close()
     checker.close()
     link.close()
