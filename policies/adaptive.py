@@ -64,10 +64,15 @@ from kvstore.policies.base import (
     TierSpec,
 )
 from kvstore.policies.cost import CostModel
+from kvstore.policies.frequency import FrequencyPolicy
 from kvstore.policies.lru import LRUPolicy
 from kvstore.policies.workload import WorkloadPolicy
 
 __all__ = ["AdaptivePolicy", "LRUGhost"]
+
+#: Per request: how fast the share of requests without a named session follows the
+#: traffic (about the last 64 requests).
+_UNNAMED_DECAY = 1.0 - 1.0 / 64
 
 
 class LRUGhost:
@@ -118,7 +123,12 @@ class AdaptivePolicy(Policy):
         self.cost = cost or CostModel()
         #: the bets expert; ``bets`` options (margin, window_s, keep_gap_s) go to it
         self.bets = WorkloadPolicy(tiers, self.cost, hbm_keep_max_s=hbm_keep_max_s, **bets)
+        #: the bets on traffic that names no sessions (per-block reuse counts)
+        self.freq = FrequencyPolicy(tiers, self.cost)
         self.lru = LRUPolicy(tiers)
+        #: decayed share of requests that named no session; over a half, ``freq`` bets
+        self.unnamed = 0.0
+        self._bettor: Policy = self.bets
         self.window = window
         self.slack = slack
         self.tolerance = tolerance
@@ -200,43 +210,62 @@ class AdaptivePolicy(Policy):
         self.advantage = self.seen = 0.0
 
     # -- placement ----------------------------------------------------------------------
+    def _choose_bettor(self, req: RequestInfo) -> None:
+        """Sessions named (most of the recent requests): the workload bets; none named
+        (the engine inferred them from prefixes): the per-block reuse counts. A change
+        of bettor starts its score afresh."""
+        self.unnamed = self.unnamed * _UNNAMED_DECAY + (
+            0.0 if req.session_named else 1.0 - _UNNAMED_DECAY)
+        bettor: Policy = self.freq if self.unnamed > 0.5 else self.bets
+        if bettor is not self._bettor:
+            self._bettor = bettor
+            self.advantage = self.seen = 0.0
+
     def on_request(self, req: RequestInfo, now: float) -> Plan:
+        self._choose_bettor(req)
         self._score(req)
         bet = self.bets.on_request(req, now)
+        freq = self.freq.on_request(req, now)
         lru = self.lru.on_request(req, now)
         if self.leader == "bets":
+            if self._bettor is self.freq:
+                return Plan(freq.admit, freq.moves, bet.keep_s)
             return bet
         return Plan(lru.admit, lru.moves, bet.keep_s)
 
     def demote_to(self, key: Hashable, tier: str, now: float) -> str | None:
         if self.leader == "bets":
-            return self.bets.demote_to(key, tier, now)
+            return self._bettor.demote_to(key, tier, now)
         return self.lru.demote_to(key, tier, now)
 
     def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:
         moves = self.bets.on_hint(hint, keys, now)  # it learns from every hint
-        return moves if self.leader == "bets" else []
+        return moves if self.leader == "bets" and self._bettor is self.bets else []
 
     # -- bookkeeping: both experts see everything ------------------------------------------
     def on_insert(self, info: BlockInfo, tier: str, now: float) -> None:
         self.bets.on_insert(info, tier, now)
+        self.freq.on_insert(info, tier, now)
         self.lru.on_insert(info, tier, now)
 
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         self.bets.on_access(key, tier, now)
+        self.freq.on_access(key, tier, now)
         self.lru.on_access(key, tier, now)
 
     def on_access_many(self, keys: Sequence[Hashable], tiers: Sequence[str], now: float
                        ) -> None:
         self.bets.on_access_many(keys, tiers, now)
+        self.freq.on_access_many(keys, tiers, now)
         self.lru.on_access_many(keys, tiers, now)
 
     def on_remove(self, key: Hashable, tier: str) -> None:
         self.bets.on_remove(key, tier)
+        self.freq.on_remove(key, tier)
         self.lru.on_remove(key, tier)
 
     def victims(self, tier: str, protected: Container[Hashable], now: float
                 ) -> Iterable[Hashable]:
         if self.leader == "bets":
-            return self.bets.victims(tier, protected, now)
+            return self._bettor.victims(tier, protected, now)
         return self.lru.victims(tier, protected, now)

@@ -100,7 +100,8 @@ class Lookups:
         hit_tiers: list[str | None] = list(first)
         hit_tiers += [None] * (len(keys) - len(hit))
         req = replace(planner.request_info(namespace, keys, hit_tiers, session, wl, num_tokens),
-                      then=then, tool=tool[:_MAX_TOOL_NAME], expected_gap_s=expected_gap_s)
+                      then=then, tool=tool[:_MAX_TOOL_NAME], expected_gap_s=expected_gap_s,
+                      session_named=bool(session_id))
         plan = pl.policy.on_request(req, now)
         keep_s = max(0.0, plan.keep_s)
         planner.requests.plan(keys, plan.admit, [t is None for t in hit_tiers], now)
