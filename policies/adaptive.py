@@ -126,8 +126,9 @@ class AdaptivePolicy(Policy):
         #: the bets on traffic that names no sessions (per-block reuse counts)
         self.freq = FrequencyPolicy(tiers, self.cost)
         self.lru = LRUPolicy(tiers)
-        #: decayed share of requests that named no session; over a half, ``freq`` bets
-        self.unnamed = 0.0
+        #: decayed share of requests that named no session (from the first request on);
+        #: over a half, ``freq`` bets
+        self.unnamed: float | None = None
         self._bettor: Policy = self.bets
         self.window = window
         self.slack = slack
@@ -214,8 +215,9 @@ class AdaptivePolicy(Policy):
         """Sessions named (most of the recent requests): the workload bets; none named
         (the engine inferred them from prefixes): the per-block reuse counts. A change
         of bettor starts its score afresh."""
-        self.unnamed = self.unnamed * _UNNAMED_DECAY + (
-            0.0 if req.session_named else 1.0 - _UNNAMED_DECAY)
+        x = 0.0 if req.session_named else 1.0
+        self.unnamed = x if self.unnamed is None else (
+            self.unnamed * _UNNAMED_DECAY + x * (1.0 - _UNNAMED_DECAY))
         bettor: Policy = self.freq if self.unnamed > 0.5 else self.bets
         if bettor is not self._bettor:
             self._bettor = bettor
