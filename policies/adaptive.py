@@ -64,7 +64,7 @@ from kvstore.policies.base import (
     TierSpec,
 )
 from kvstore.policies.cost import CostModel
-from kvstore.policies.frequency import FrequencyPolicy
+from kvstore.policies.frequency import FrequencyGhost, FrequencyPolicy
 from kvstore.policies.lru import LRUPolicy
 from kvstore.policies.workload import WorkloadPolicy
 
@@ -136,6 +136,10 @@ class AdaptivePolicy(Policy):
         self.max_backoff = max_backoff
         self._worth = tuple(self.cost.worth_loading(t) for t in tiers)
         self._ghost: LRUGhost | None = None
+        #: the reuse counts' own ghost, played on requests that name no session, and
+        #: its decayed hits minus the LRU ghost's: the counts bet only while it is > 0
+        self._fghost: FrequencyGhost | None = None
+        self.count_advantage = 0.0
         self._span = 1.0  # the score window, in looked-up blocks
         self._slack = 0.0  # blocks
         #: decayed (bets' real prefix hits - the ghost's) and lookups, while bets leads
@@ -162,6 +166,7 @@ class AdaptivePolicy(Policy):
         cap = sum(t.capacity_bytes for i, t in enumerate(self.tiers) if self._worth[i])
         self._size = max(block_bytes, 1)
         self._ghost = LRUGhost(cap)
+        self._fghost = FrequencyGhost(cap)
         blocks = max(1, cap // self._size)
         self._span = self.window * blocks
         self._slack = self.slack * blocks
@@ -190,6 +195,9 @@ class AdaptivePolicy(Policy):
         n = len(req.keys)
         g = ghost.request(req.keys, req.block_bytes or self._size)
         self._left -= n
+        if not req.session_named and self._fghost is not None:
+            f = self._fghost.request(req, req.block_bytes or self._size)
+            self.count_advantage = self.count_advantage * math.exp(-n / self._span) + f - g
         if self.leader == "bets":
             d = math.exp(-n / self._span)
             self.advantage = self.advantage * d + self._served(req) - g
@@ -213,19 +221,22 @@ class AdaptivePolicy(Policy):
     # -- placement ----------------------------------------------------------------------
     def _choose_bettor(self, req: RequestInfo) -> None:
         """Sessions named (most of the recent requests): the workload bets; none named
-        (the engine inferred them from prefixes): the per-block reuse counts. A change
-        of bettor starts its score afresh."""
+        (the engine inferred them from prefixes): the per-block reuse counts, while
+        their ghost has hit more than the LRU ghost over the score window (else the
+        workload bets on the inferred sessions). A change of bettor starts its score
+        afresh."""
         x = 0.0 if req.session_named else 1.0
         self.unnamed = x if self.unnamed is None else (
             self.unnamed * _UNNAMED_DECAY + x * (1.0 - _UNNAMED_DECAY))
-        bettor: Policy = self.freq if self.unnamed > 0.5 else self.bets
+        bettor: Policy = (self.freq if self.unnamed > 0.5 and self.count_advantage > 0.0
+                          else self.bets)
         if bettor is not self._bettor:
             self._bettor = bettor
             self.advantage = self.seen = 0.0
 
     def on_request(self, req: RequestInfo, now: float) -> Plan:
-        self._choose_bettor(req)
         self._score(req)
+        self._choose_bettor(req)
         bet = self.bets.on_request(req, now)
         freq = self.freq.on_request(req, now)
         lru = self.lru.on_request(req, now)

@@ -34,7 +34,7 @@ from typing import Any, Self
 from kvstore.policies.base import BlockInfo, Plan, Policy, PolicyConfig, RequestInfo, TierSpec
 from kvstore.policies.cost import CostModel
 
-__all__ = ["FrequencyPolicy", "ReuseCounts"]
+__all__ = ["FrequencyGhost", "FrequencyPolicy", "ReuseCounts"]
 
 
 class ReuseCounts:
@@ -225,3 +225,54 @@ class FrequencyPolicy(Policy):
     def victims(self, tier: str, protected: Container[Hashable], now: float
                 ) -> Iterator[Hashable]:
         return self._t[tier].order()
+
+
+class FrequencyGhost:
+    """What :class:`FrequencyPolicy` would hold in one tier of ``capacity`` bytes, keys
+    only (no payloads): the engine's part played here (a request's prefix hits up to its
+    first miss, the hits touched, the admitted blocks stored after the policy's victims
+    make room), so that its hits can be compared with an LRU ghost's on the same lookups
+    before the policy is trusted with the real tiers."""
+
+    __slots__ = ("policy", "tier")
+
+    def __init__(self, capacity: int, reset: float = 20.0) -> None:
+        self.tier = "ghost"
+        self.policy = FrequencyPolicy([TierSpec(self.tier, capacity)], reset=reset)
+
+    def request(self, req: RequestInfo, size: int) -> int:
+        """Play one lookup; returns its prefix hits."""
+        pol, name = self.policy, self.tier
+        tr = pol._t[name]
+        keys = req.keys
+        hits = 0
+        for k in keys:
+            if k not in tr.at:
+                break
+            hits += 1
+        tiers: list[str | None] = [name if k in tr.at else None for k in keys]
+        plan = pol.on_request(RequestInfo(keys, tiers, req.session_id, req.workload, size,
+                                          req.block_tokens, req.last_tokens), 0.0)
+        pol.on_access_many([k for k in keys if k in tr.at], [name] * sum(
+            1 for t in tiers if t is not None), 0.0)
+        new = [j for j in range(len(keys) - 1, -1, -1) if keys[j] in plan.admit]
+        if not new:
+            return hits
+        need = len(new) * size - (tr.capacity - tr.used)
+        if need > 0:
+            own = set(keys)
+            gone = []
+            for v in tr.order():
+                if need <= 0:
+                    break
+                if v in own:
+                    continue
+                gone.append(v)
+                need -= tr.sizes[v]
+            for v in gone:
+                tr.drop(v)
+        for j in new:
+            if tr.used + size > tr.capacity:
+                break
+            pol.on_insert(BlockInfo(keys[j], size), name, 0.0)
+        return hits
