@@ -98,10 +98,10 @@ class _Tier:
             if not b:
                 del self.buckets[old]
         self.at[key] = count
-        b = self.buckets.get(count)
-        if b is None:
-            b = self.buckets[count] = {}
-        b[key] = None
+        new = self.buckets.get(count)
+        if new is None:
+            new = self.buckets[count] = {}
+        new[key] = None
 
     def drop(self, key: Hashable) -> None:
         old = self.at.pop(key, None)

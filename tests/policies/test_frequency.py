@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from kvstore.policies.adaptive import AdaptivePolicy
-from kvstore.policies.base import BlockInfo, Policy, RequestInfo, TierSpec
+from kvstore.policies.base import Policy, RequestInfo, TierSpec
 from kvstore.policies.frequency import FrequencyPolicy, ReuseCounts
 
 B = 1
@@ -80,17 +80,25 @@ def test_a_partial_last_block_is_never_stored() -> None:
     assert pol.on_request(r, 0.0).admit == {1: "dram"}
 
 
-def test_the_guard_bets_on_counts_where_no_session_is_named() -> None:
-    """Requests whose sessions the engine inferred: the guarded policy's admission is
-    the reuse counts' (it refuses a once-seen newcomer into a tier full of blocks
-    seen twice); named sessions: the workload bets', as before."""
+def test_the_guard_bets_on_counts_where_no_session_is_named_and_counting_wins() -> None:
+    """Sessionless requests cycling over three popular blocks and two one-off ones, a
+    tier of four: LRU hits nothing (five blocks in a cycle), the counts keep the three
+    popular ones; their ghost out-hits the LRU ghost, and the guarded policy bets on them
+    (it refuses the one-off blocks). With every block reused right after its first use
+    (recency is all there is) the ghost does not win and the workload bets stay; named
+    sessions always get the workload bets."""
     pol = AdaptivePolicy(FOUR)
-    for k in (1, 2, 3, 4):
-        pol.on_request(req([k]), 0.0)
-    for k in (1, 2, 3, 4):
-        store(pol, req([k]))
-    assert pol._bettor is pol.freq
-    assert store(pol, req([9])) == {}
+    for r in range(20):
+        for k in (1, 2, 3, 100 + 2 * r, 101 + 2 * r):
+            store(pol, req([k]), float(r))
+    assert pol.count_advantage > 0 and pol._bettor is pol.freq
+    assert held(pol, "dram") >= {1, 2, 3}
+    assert store(pol, req([999]), 21.0) == {}
+    recent = AdaptivePolicy(FOUR)
+    for k in range(100):
+        store(recent, req([k]), float(k))
+        store(recent, req([k]), float(k))
+    assert recent.count_advantage <= 0 and recent._bettor is recent.bets
     named = AdaptivePolicy(FOUR)
     for i in range(64):
         named.on_request(req([100 + i], session=f"s{i}", named=True), float(i))
