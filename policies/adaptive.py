@@ -36,6 +36,14 @@ the choice between a learned policy and its baseline: one exact ghost for the
 baseline (cheap, since LRU needs only keys and order) and the doubling trick of
 online learning for the expert that cannot be shadowed.
 
+Traffic that names no sessions (the engine infers them from prefixes and says so:
+``RequestInfo.session_named`` is false) gets other bets while they pay: per-block
+reuse counts (:class:`~kvstore.policies.frequency.FrequencyPolicy`, which sees every
+call as the others do). Over such requests a ghost of those counts (keys only) is
+played next to the LRU ghost; while most recent requests name no session and the
+counts' ghost has hit more than LRU's over the score window, the counts are the bets
+(the same guard scores them); otherwise the workload bets on the inferred sessions.
+
 The HBM keep (``Plan.keep_s``) always comes from *bets*: it uses the hints (what
 the session waits on, the tool and its learned gaps) and its own ledger of whether
 keeps paid (judged against what the sidecar served at the return), whichever
