@@ -33,6 +33,7 @@ __all__ = ["BlockInfo", "Hint", "Move", "Plan", "Policy", "PolicyConfig", "Reque
 
 _REGISTRY: dict[str, str] = {
     "adaptive": "kvstore.policies.adaptive:AdaptivePolicy",
+    "frequency": "kvstore.policies.frequency:FrequencyPolicy",
     "lru": "kvstore.policies.lru:LRUPolicy",
     "lru+filter": "kvstore.policies.filter:FilteredLRU",
     "s3fifo": "kvstore.policies.s3fifo:S3FIFOPolicy",

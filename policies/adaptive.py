@@ -36,6 +36,14 @@ the choice between a learned policy and its baseline: one exact ghost for the
 baseline (cheap, since LRU needs only keys and order) and the doubling trick of
 online learning for the expert that cannot be shadowed.
 
+Traffic that names no sessions (the engine infers them from prefixes and says so:
+``RequestInfo.session_named`` is false) gets other bets while they pay: per-block
+reuse counts (:class:`~kvstore.policies.frequency.FrequencyPolicy`, which sees every
+call as the others do). Over such requests a ghost of those counts (keys only) is
+played next to the LRU ghost; while most recent requests name no session and the
+counts' ghost has hit more than LRU's over the score window, the counts are the bets
+(the same guard scores them); otherwise the workload bets on the inferred sessions.
+
 The HBM keep (``Plan.keep_s``) always comes from *bets*: it uses the hints (what
 the session waits on, the tool and its learned gaps) and its own ledger of whether
 keeps paid (judged against what the sidecar served at the return), whichever
@@ -64,10 +72,15 @@ from kvstore.policies.base import (
     TierSpec,
 )
 from kvstore.policies.cost import CostModel
+from kvstore.policies.frequency import FrequencyGhost, FrequencyPolicy
 from kvstore.policies.lru import LRUPolicy
 from kvstore.policies.workload import WorkloadPolicy
 
 __all__ = ["AdaptivePolicy", "LRUGhost"]
+
+#: Per request: how fast the share of requests without a named session follows the
+#: traffic (about the last 64 requests).
+_UNNAMED_DECAY = 1.0 - 1.0 / 64
 
 
 class LRUGhost:
@@ -118,13 +131,23 @@ class AdaptivePolicy(Policy):
         self.cost = cost or CostModel()
         #: the bets expert; ``bets`` options (margin, window_s, keep_gap_s) go to it
         self.bets = WorkloadPolicy(tiers, self.cost, hbm_keep_max_s=hbm_keep_max_s, **bets)
+        #: the bets on traffic that names no sessions (per-block reuse counts)
+        self.freq = FrequencyPolicy(tiers, self.cost)
         self.lru = LRUPolicy(tiers)
+        #: decayed share of requests that named no session (from the first request on);
+        #: over a half, ``freq`` bets
+        self.unnamed: float | None = None
+        self._bettor: Policy = self.bets
         self.window = window
         self.slack = slack
         self.tolerance = tolerance
         self.max_backoff = max_backoff
         self._worth = tuple(self.cost.worth_loading(t) for t in tiers)
         self._ghost: LRUGhost | None = None
+        #: the reuse counts' own ghost, played on requests that name no session, and
+        #: its decayed hits minus the LRU ghost's: the counts bet only while it is > 0
+        self._fghost: FrequencyGhost | None = None
+        self.count_advantage = 0.0
         self._span = 1.0  # the score window, in looked-up blocks
         self._slack = 0.0  # blocks
         #: decayed (bets' real prefix hits - the ghost's) and lookups, while bets leads
@@ -151,6 +174,7 @@ class AdaptivePolicy(Policy):
         cap = sum(t.capacity_bytes for i, t in enumerate(self.tiers) if self._worth[i])
         self._size = max(block_bytes, 1)
         self._ghost = LRUGhost(cap)
+        self._fghost = FrequencyGhost(cap)
         blocks = max(1, cap // self._size)
         self._span = self.window * blocks
         self._slack = self.slack * blocks
@@ -179,6 +203,9 @@ class AdaptivePolicy(Policy):
         n = len(req.keys)
         g = ghost.request(req.keys, req.block_bytes or self._size)
         self._left -= n
+        if not req.session_named and self._fghost is not None:
+            f = self._fghost.request(req, req.block_bytes or self._size)
+            self.count_advantage = self.count_advantage * math.exp(-n / self._span) + f - g
         if self.leader == "bets":
             d = math.exp(-n / self._span)
             self.advantage = self.advantage * d + self._served(req) - g
@@ -200,43 +227,66 @@ class AdaptivePolicy(Policy):
         self.advantage = self.seen = 0.0
 
     # -- placement ----------------------------------------------------------------------
+    def _choose_bettor(self, req: RequestInfo) -> None:
+        """Sessions named (most of the recent requests): the workload bets; none named
+        (the engine inferred them from prefixes): the per-block reuse counts, while
+        their ghost has hit more than the LRU ghost over the score window (else the
+        workload bets on the inferred sessions). A change of bettor starts its score
+        afresh."""
+        x = 0.0 if req.session_named else 1.0
+        self.unnamed = x if self.unnamed is None else (
+            self.unnamed * _UNNAMED_DECAY + x * (1.0 - _UNNAMED_DECAY))
+        bettor: Policy = (self.freq if self.unnamed > 0.5 and self.count_advantage > 0.0
+                          else self.bets)
+        if bettor is not self._bettor:
+            self._bettor = bettor
+            self.advantage = self.seen = 0.0
+
     def on_request(self, req: RequestInfo, now: float) -> Plan:
         self._score(req)
+        self._choose_bettor(req)
         bet = self.bets.on_request(req, now)
+        freq = self.freq.on_request(req, now)
         lru = self.lru.on_request(req, now)
         if self.leader == "bets":
+            if self._bettor is self.freq:
+                return Plan(freq.admit, freq.moves, bet.keep_s)
             return bet
         return Plan(lru.admit, lru.moves, bet.keep_s)
 
     def demote_to(self, key: Hashable, tier: str, now: float) -> str | None:
         if self.leader == "bets":
-            return self.bets.demote_to(key, tier, now)
+            return self._bettor.demote_to(key, tier, now)
         return self.lru.demote_to(key, tier, now)
 
     def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:
         moves = self.bets.on_hint(hint, keys, now)  # it learns from every hint
-        return moves if self.leader == "bets" else []
+        return moves if self.leader == "bets" and self._bettor is self.bets else []
 
     # -- bookkeeping: both experts see everything ------------------------------------------
     def on_insert(self, info: BlockInfo, tier: str, now: float) -> None:
         self.bets.on_insert(info, tier, now)
+        self.freq.on_insert(info, tier, now)
         self.lru.on_insert(info, tier, now)
 
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         self.bets.on_access(key, tier, now)
+        self.freq.on_access(key, tier, now)
         self.lru.on_access(key, tier, now)
 
     def on_access_many(self, keys: Sequence[Hashable], tiers: Sequence[str], now: float
                        ) -> None:
         self.bets.on_access_many(keys, tiers, now)
+        self.freq.on_access_many(keys, tiers, now)
         self.lru.on_access_many(keys, tiers, now)
 
     def on_remove(self, key: Hashable, tier: str) -> None:
         self.bets.on_remove(key, tier)
+        self.freq.on_remove(key, tier)
         self.lru.on_remove(key, tier)
 
     def victims(self, tier: str, protected: Container[Hashable], now: float
                 ) -> Iterable[Hashable]:
         if self.leader == "bets":
-            return self.bets.victims(tier, protected, now)
+            return self._bettor.victims(tier, protected, now)
         return self.lru.victims(tier, protected, now)

@@ -135,6 +135,10 @@ class RequestInfo:
     then: str = ""
     tool: str = ""
     expected_gap_s: float | None = None
+    #: False when the client named no session and the engine inferred ``session_id``
+    #: from the prefix chain (traffic without sessions: a policy may value blocks
+    #: rather than sessions).
+    session_named: bool = True
 
     def info(self, j: int) -> BlockInfo:
         """The BlockInfo of key ``j`` (its parent is key ``j - 1``)."""

@@ -105,7 +105,8 @@ class Lookups:
         hit_tiers: list[str | None] = list(first)
         hit_tiers += [None] * (len(keys) - nhit)
         req = replace(planner.request_info(namespace, keys, hit_tiers, session, wl, num_tokens),
-                      then=then, tool=tool[:_MAX_TOOL_NAME], expected_gap_s=expected_gap_s)
+                      then=then, tool=tool[:_MAX_TOOL_NAME], expected_gap_s=expected_gap_s,
+                      session_named=bool(session_id))
         plan = pl.policy.on_request(req, now)
         keep_s = max(0.0, plan.keep_s)
         # (only the missing blocks have a plan: the ones after the hit prefix)

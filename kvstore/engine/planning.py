@@ -97,6 +97,8 @@ class Planner:
                                     block_bytes)
             if last_tokens:
                 req = replace(req, last_tokens=last_tokens)
+            if not session_id and opened is None:
+                req = replace(req, session_named=False)
             plan = self.placement.policy.on_request(req, now)
             self.sessions.used(session, keys, now)
             for i, k in zip(unplanned, keys, strict=True):

@@ -157,6 +157,18 @@ async def test_conversations_sharing_a_system_prompt_are_not_one_session():
     assert sa != sb and sa == sa2
 
 
+async def test_the_policy_is_told_whether_the_client_named_the_session():
+    """A lookup without a session id gets an inferred one, and says so
+    (``session_named``: the guarded policy bets on per-block reuse counts then)."""
+    eng, spy = engine(MemoryTier(256 * KiB, name="dram", medium=Medium.CPU))
+    blocks = hashes(new_blocks(2, seed=3))
+    eng.lookup("ns", blocks)
+    eng.lookup("ns", blocks, session_id="s")
+    unnamed, named = spy.requests
+    assert unnamed.session_id and not unnamed.session_named
+    assert named.session_id == SessionKey("ns", "s") and named.session_named
+
+
 async def test_the_cost_model_cuts_the_served_prefix_and_sizes_come_from_payloads():
     """A hit in a tier that loses to recompute is not served; the policy sees the
     block size the namespace stores and the engine's per-tier verdict."""

@@ -1,0 +1,278 @@
+"""Per-block reuse counts: admit and keep the prefixes that are used most.
+
+Traffic without sessions (no ``session_id``, no hints: a proxy that forwards bare
+prompts, a trace such as Mooncake's conversation trace) gives a policy nothing to
+value but the blocks themselves. What it can learn is how often each prefix block
+is looked up: a multi-turn conversation resends its prefix every turn, so a block
+seen three times is far likelier to come back than one seen once, while the
+return gaps are minutes, longer than a small tier keeps anything under LRU.
+
+* Every lookup counts each of its keys once (:class:`ReuseCounts`). Counts age,
+  as TinyLFU's do: after ``reset`` capacities of looked-up blocks every count is
+  halved (and the ones are forgotten), so what was popular an hour ago yields to
+  what is popular now, and memory stays bounded by about ``reset`` capacities of
+  keys (a hard cap, ``max_tracked``, forgets the least recently counted first).
+* Eviction takes the lowest count first, least recently used within a count
+  (the engine takes children before parents, so a chain still shrinks from its
+  tail).
+* Admission compares, block by block from the request's first missing block: a
+  block enters a tier if it has room, or if its count is higher than the count of
+  the block it would push out; otherwise it bypasses the tier, and so does the
+  rest of the request (a block whose parent is not stored can never be served).
+  A request's last block, when partial, is never stored.
+
+Pure: no clock, no I/O. :class:`~kvstore.policies.adaptive.AdaptivePolicy` uses
+this as its bets on sessionless traffic, guarded by its LRU ghost.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Container, Hashable, Iterator, Sequence
+from typing import Any, Self
+
+from kvstore.policies.base import BlockInfo, Plan, Policy, PolicyConfig, RequestInfo, TierSpec
+from kvstore.policies.cost import CostModel
+
+__all__ = ["FrequencyGhost", "FrequencyPolicy", "ReuseCounts"]
+
+
+class ReuseCounts:
+    """How many lookups each key was in, halved every ``period`` counted keys."""
+
+    __slots__ = ("_counts", "_left", "halvings", "max_tracked", "period")
+
+    def __init__(self, period: int, max_tracked: int = 1 << 21) -> None:
+        if period < 1 or max_tracked < 1:
+            raise ValueError(f"period and max_tracked must be >= 1, got {period} and "
+                             f"{max_tracked}")
+        self.period = period
+        self.max_tracked = max_tracked
+        self._counts: OrderedDict[Hashable, int] = OrderedDict()
+        self._left = period
+        #: times every count was halved so far
+        self.halvings = 0
+
+    def __getitem__(self, key: Hashable) -> int:
+        return self._counts.get(key, 0)
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def add(self, keys: Sequence[Hashable]) -> bool:
+        """Count one lookup of ``keys``; True when it aged every count (halved them)."""
+        counts = self._counts
+        get, move = counts.get, counts.move_to_end
+        for k in keys:
+            counts[k] = get(k, 0) + 1
+            move(k)
+        while len(counts) > self.max_tracked:
+            counts.popitem(last=False)
+        self._left -= len(keys)
+        if self._left > 0:
+            return False
+        self._left = self.period
+        self.halvings += 1
+        self._counts = OrderedDict((k, c >> 1) for k, c in counts.items() if c > 1)
+        return True
+
+
+class _Tier:
+    """A tier's blocks by count, least recently used first within a count."""
+
+    __slots__ = ("at", "buckets", "capacity", "sizes", "used")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self.at: dict[Hashable, int] = {}  # key -> the count it is filed under
+        self.sizes: dict[Hashable, int] = {}
+        self.buckets: dict[int, dict[Hashable, None]] = {}
+
+    def file(self, key: Hashable, count: int) -> None:
+        """File ``key`` under ``count`` as its most recently used."""
+        old = self.at.get(key)
+        if old is not None:
+            b = self.buckets[old]
+            del b[key]
+            if not b:
+                del self.buckets[old]
+        self.at[key] = count
+        new = self.buckets.get(count)
+        if new is None:
+            new = self.buckets[count] = {}
+        new[key] = None
+
+    def drop(self, key: Hashable) -> None:
+        old = self.at.pop(key, None)
+        if old is None:
+            return
+        self.used -= self.sizes.pop(key)
+        b = self.buckets[old]
+        del b[key]
+        if not b:
+            del self.buckets[old]
+
+    def order(self) -> Iterator[Hashable]:
+        """Keys, lowest count first, least recently used first within a count."""
+        for c in sorted(self.buckets):
+            yield from list(self.buckets[c])
+
+
+class FrequencyPolicy(Policy):
+    name = "frequency"
+
+    def __init__(self, tiers: Sequence[TierSpec], cost: CostModel | None = None,
+                 reset: float = 20.0, max_tracked: int = 1 << 21) -> None:
+        super().__init__(tiers)
+        if reset <= 0:
+            raise ValueError(f"reset must be > 0 (capacities of looked-up blocks), got {reset}")
+        self.cost = cost or CostModel()
+        self.reset = reset
+        self.max_tracked = max_tracked
+        self._worth = tuple(self.cost.worth_loading(t) for t in tiers)
+        self._t = {t.name: _Tier(t.capacity_bytes) for t in tiers}
+        self.counts: ReuseCounts | None = None  # sized at the first lookup with sizes
+
+    @classmethod
+    def from_config(cls, config: PolicyConfig, **options: Any) -> Self:
+        if config.cost is not None:
+            options["cost"] = config.cost
+        return cls(config.tiers, **options)
+
+    def count(self, key: Hashable) -> int:
+        return self.counts[key] if self.counts is not None else 0
+
+    def _counts(self, block_bytes: int) -> ReuseCounts:
+        if self.counts is None:
+            cap = sum(t.capacity_bytes for i, t in enumerate(self.tiers) if self._worth[i])
+            blocks = max(1, cap // max(block_bytes, 1))
+            self.counts = ReuseCounts(max(1, round(self.reset * blocks)), self.max_tracked)
+        return self.counts
+
+    # -- requests -----------------------------------------------------------------------
+    def on_request(self, req: RequestInfo, now: float) -> Plan:
+        if req.worth:
+            self._worth = tuple(req.worth)
+        keys = req.keys
+        counts = self._counts(req.block_bytes) if req.block_bytes else None
+        if counts is not None and counts.add(keys):
+            for tr in self._t.values():  # every count halved: refile what is stored
+                for k in list(tr.at):
+                    tr.file(k, counts[k])
+        elif counts is not None:
+            for k, t in zip(keys, req.hit_tiers, strict=True):
+                if t is not None:
+                    for tr in self._t.values():
+                        if k in tr.at:
+                            tr.file(k, counts[k])
+        missing = [j for j, t in enumerate(req.hit_tiers) if t is None]
+        if missing and missing[-1] == len(keys) - 1 and 0 < req.last_tokens < req.block_tokens:
+            missing.pop()  # a partial last block: the next turn rewrites it
+        if not missing:
+            return Plan({})
+        tiers = [t.name for i, t in enumerate(self.tiers) if self._worth[i]]
+        if not tiers:
+            return Plan({})
+        if counts is None:  # sizes unknown yet: nothing stored, room everywhere
+            return Plan({keys[j]: tiers[0] for j in missing})
+        size = max(req.block_bytes, 1)
+        own = set(keys)
+        # per tier: free bytes and the victims it would give up, in order
+        free = {t: self._t[t].capacity - self._t[t].used for t in tiers}
+        order = {t: (k for k in self._t[t].order() if k not in own) for t in tiers}
+        admit: dict[Hashable, str] = {}
+        for j in missing:
+            c = counts[keys[j]]
+            dst = None
+            for t in tiers:
+                if free[t] >= size:
+                    free[t] -= size
+                    dst = t
+                    break
+                v = next(order[t], None)
+                if v is not None and c > self._t[t].at[v]:
+                    free[t] += self._t[t].sizes[v] - size
+                    dst = t
+                    break
+            if dst is None:
+                break  # refused everywhere: its children could never be served
+            admit[keys[j]] = dst
+        return Plan(admit)
+
+    # -- bookkeeping and eviction -----------------------------------------------------------
+    def on_insert(self, info: BlockInfo, tier: str, now: float) -> None:
+        tr = self._t[tier]
+        if info.key in tr.at:
+            return
+        tr.sizes[info.key] = info.size
+        tr.used += info.size
+        tr.file(info.key, self.count(info.key))
+
+    def on_access(self, key: Hashable, tier: str, now: float) -> None:
+        tr = self._t[tier]
+        if key in tr.at:
+            tr.file(key, self.count(key))
+
+    def on_access_many(self, keys: Sequence[Hashable], tiers: Sequence[str], now: float
+                       ) -> None:
+        for key, tier in zip(keys, tiers, strict=True):
+            self.on_access(key, tier, now)
+
+    def on_remove(self, key: Hashable, tier: str) -> None:
+        self._t[tier].drop(key)
+
+    def victims(self, tier: str, protected: Container[Hashable], now: float
+                ) -> Iterator[Hashable]:
+        return self._t[tier].order()
+
+
+class FrequencyGhost:
+    """What :class:`FrequencyPolicy` would hold in one tier of ``capacity`` bytes, keys
+    only (no payloads): the engine's part played here (a request's prefix hits up to its
+    first miss, the hits touched, the admitted blocks stored after the policy's victims
+    make room), so that its hits can be compared with an LRU ghost's on the same lookups
+    before the policy is trusted with the real tiers."""
+
+    __slots__ = ("policy", "tier")
+
+    def __init__(self, capacity: int, reset: float = 20.0) -> None:
+        self.tier = "ghost"
+        self.policy = FrequencyPolicy([TierSpec(self.tier, capacity)], reset=reset)
+
+    def request(self, req: RequestInfo, size: int) -> int:
+        """Play one lookup; returns its prefix hits."""
+        pol, name = self.policy, self.tier
+        tr = pol._t[name]
+        keys = req.keys
+        hits = 0
+        for k in keys:
+            if k not in tr.at:
+                break
+            hits += 1
+        tiers: list[str | None] = [name if k in tr.at else None for k in keys]
+        plan = pol.on_request(RequestInfo(keys, tiers, req.session_id, req.workload, size,
+                                          req.block_tokens, req.last_tokens), 0.0)
+        pol.on_access_many([k for k in keys if k in tr.at], [name] * sum(
+            1 for t in tiers if t is not None), 0.0)
+        new = [j for j in range(len(keys) - 1, -1, -1) if keys[j] in plan.admit]
+        if not new:
+            return hits
+        need = len(new) * size - (tr.capacity - tr.used)
+        if need > 0:
+            own = set(keys)
+            gone = []
+            for v in tr.order():
+                if need <= 0:
+                    break
+                if v in own:
+                    continue
+                gone.append(v)
+                need -= tr.sizes[v]
+            for v in gone:
+                tr.drop(v)
+        for j in new:
+            if tr.used + size > tr.capacity:
+                break
+            pol.on_insert(BlockInfo(keys[j], size), name, 0.0)
+        return hits

@@ -1,0 +1,105 @@
+"""Per-block reuse counts (:mod:`kvstore.policies.frequency`) and the guarded policy
+betting on them where the traffic names no sessions."""
+
+from __future__ import annotations
+
+import pytest
+from kvstore.policies.adaptive import AdaptivePolicy
+from kvstore.policies.base import Policy, RequestInfo, TierSpec
+from kvstore.policies.frequency import FrequencyPolicy, ReuseCounts
+
+B = 1
+FOUR = [TierSpec("dram", 4 * B, 20e9)]
+
+
+def test_counts_age_by_halving_and_forget_the_ones() -> None:
+    c = ReuseCounts(period=6)
+    assert not c.add(["a", "b", "c"])
+    assert c.add(["a", "b", "d"])  # 6 keys counted: every count halved
+    assert (c["a"], c["b"], c["c"], c["d"], len(c)) == (1, 1, 0, 0, 2)
+    assert c.halvings == 1
+
+
+def test_counts_are_bounded() -> None:
+    c = ReuseCounts(period=1000, max_tracked=3)
+    c.add(["a", "b", "c", "d"])
+    assert len(c) == 3 and c["a"] == 0 and c["d"] == 1
+    with pytest.raises(ValueError):
+        ReuseCounts(period=0)
+
+
+def req(keys: list[int], hits: list[str | None] | None = None, session: object = "",
+        named: bool = False) -> RequestInfo:
+    return RequestInfo(keys, hits or [None] * len(keys), session, "chat", B, 512, 512,
+                       session_named=named)
+
+
+def store(pol: Policy, r: RequestInfo, now: float = 0.0) -> dict[object, str]:
+    """Look ``r`` up and store what the plan admits, as the engine would (evicting the
+    policy's victims for room, children first not needed here: one-block chains)."""
+    plan = pol.on_request(r, now)
+    for j in range(len(r.keys) - 1, -1, -1):
+        k = r.keys[j]
+        tier = plan.admit.get(k)
+        if tier is None:
+            continue
+        used = held(pol, tier)
+        if len(used) >= 4:
+            victim = next(v for v in pol.victims(tier, set(r.keys), now)
+                          if v in used and v not in r.keys)
+            pol.on_remove(victim, tier)
+        pol.on_insert(r.info(j), tier, now)
+    return dict(plan.admit)
+
+
+def held(pol: Policy, tier: str) -> set[object]:
+    return set(pol.victims(tier, (), 0.0))
+
+
+def test_a_block_seen_less_often_than_what_it_would_push_out_bypasses() -> None:
+    """Four blocks looked up twice fill the tier; a newcomer seen once is refused (and
+    so is the rest of its chain: its children could never be served), one seen three
+    times takes the place of the least often seen, least recently used block."""
+    pol = FrequencyPolicy(FOUR)
+    for k in (1, 2, 3, 4):
+        pol.on_request(req([k]), 0.0)
+    for k in (1, 2, 3, 4):
+        store(pol, req([k]))
+    assert held(pol, "dram") == {1, 2, 3, 4}
+    assert store(pol, req([9, 10])) == {}  # 9 seen once < 2: refused, and 10 with it
+    pol.on_request(req([9]), 1.0)
+    pol.on_request(req([9]), 2.0)
+    assert store(pol, req([9])) == {9: "dram"}  # 9 seen 4 times > 2
+    assert held(pol, "dram") == {2, 3, 4, 9}
+    assert list(pol.victims("dram", (), 3.0))[:3] == [2, 3, 4]  # lowest count, LRU first
+
+
+def test_a_partial_last_block_is_never_stored() -> None:
+    pol = FrequencyPolicy(FOUR)
+    r = RequestInfo([1, 2], [None, None], "", "chat", B, 512, 100, session_named=False)
+    assert pol.on_request(r, 0.0).admit == {1: "dram"}
+
+
+def test_the_guard_bets_on_counts_where_no_session_is_named_and_counting_wins() -> None:
+    """Sessionless requests cycling over three popular blocks and two one-off ones, a
+    tier of four: LRU hits nothing (five blocks in a cycle), the counts keep the three
+    popular ones; their ghost out-hits the LRU ghost, and the guarded policy bets on them
+    (it refuses the one-off blocks). With every block reused right after its first use
+    (recency is all there is) the ghost does not win and the workload bets stay; named
+    sessions always get the workload bets."""
+    pol = AdaptivePolicy(FOUR)
+    for r in range(20):
+        for k in (1, 2, 3, 100 + 2 * r, 101 + 2 * r):
+            store(pol, req([k]), float(r))
+    assert pol.count_advantage > 0 and pol._bettor is pol.freq
+    assert held(pol, "dram") >= {1, 2, 3}
+    assert store(pol, req([999]), 21.0) == {}
+    recent = AdaptivePolicy(FOUR)
+    for k in range(100):
+        store(recent, req([k]), float(k))
+        store(recent, req([k]), float(k))
+    assert recent.count_advantage <= 0 and recent._bettor is recent.bets
+    named = AdaptivePolicy(FOUR)
+    for i in range(64):
+        named.on_request(req([100 + i], session=f"s{i}", named=True), float(i))
+    assert named._bettor is named.bets
