@@ -71,14 +71,21 @@ __all__ = ["AdaptivePolicy", "LRUGhost"]
 
 
 class LRUGhost:
-    """LRU over keys only, ``capacity`` bytes: what LRU would hold (no payloads)."""
+    """LRU over keys only, ``capacity`` bytes: what LRU would hold (no payloads).
 
-    __slots__ = ("capacity", "keys", "used")
+    It also remembers the keys it evicted, up to ``capacity`` bytes more (ARC's B list):
+    ``lost`` is how many keys of the last request were there, LRU's misses for want of
+    room (the rest of its misses are keys it never saw, or saw too long ago)."""
+
+    __slots__ = ("capacity", "gone", "gone_used", "keys", "lost", "used")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.keys: OrderedDict[Hashable, int] = OrderedDict()
         self.used = 0
+        self.gone: OrderedDict[Hashable, int] = OrderedDict()
+        self.gone_used = 0
+        self.lost = 0
 
     def request(self, keys: Sequence[Hashable], size: int) -> int:
         """Play one lookup as LRU would; returns its prefix hits."""
@@ -89,14 +96,26 @@ class LRUGhost:
                 break
             hits += 1
         move = ghost.move_to_end
+        gone = self.gone
+        lost = 0
         for k in reversed(keys):  # the engine's order: the first block ends most recent
             if k in ghost:
                 move(k)
             else:
+                n = gone.pop(k, None)
+                if n is not None:
+                    lost += 1
+                    self.gone_used -= n
                 self.used += size
                 ghost[k] = size
         while self.used > self.capacity and ghost:
-            self.used -= ghost.popitem(last=False)[1]
+            k, n = ghost.popitem(last=False)
+            self.used -= n
+            gone[k] = n
+            self.gone_used += n
+        while self.gone_used > self.capacity and gone:
+            self.gone_used -= gone.popitem(last=False)[1]
+        self.lost = lost
         return hits
 
 
@@ -105,7 +124,7 @@ class AdaptivePolicy(Policy):
 
     def __init__(self, tiers: Sequence[TierSpec], cost: CostModel | None = None,
                  hbm_keep_max_s: float = 10.0, window: float = 16.0, slack: float = 2.0,
-                 tolerance: float = 0.001, max_backoff: int = 64,
+                 tolerance: float = 0.001, max_backoff: int = 64, floor_share: float = 0.01,
                  **bets: float) -> None:
         super().__init__(tiers)
         if window <= 0 or slack < 0:
@@ -115,6 +134,8 @@ class AdaptivePolicy(Policy):
             raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
         if max_backoff < 1:
             raise ValueError(f"max_backoff must be >= 1, got {max_backoff}")
+        if not 0 <= floor_share < 1:
+            raise ValueError(f"floor_share must be in [0, 1), got {floor_share}")
         self.cost = cost or CostModel()
         #: the bets expert; ``bets`` options (margin, window_s, keep_gap_s) go to it
         self.bets = WorkloadPolicy(tiers, self.cost, hbm_keep_max_s=hbm_keep_max_s, **bets)
@@ -123,7 +144,17 @@ class AdaptivePolicy(Policy):
         self.slack = slack
         self.tolerance = tolerance
         self.max_backoff = max_backoff
+        self.floor_share = floor_share
         self._worth = tuple(self.cost.worth_loading(t) for t in tiers)
+        worthy = [t.name for i, t in enumerate(self.tiers) if self._worth[i]]
+        #: the floor: the slowest tier worth loading from, below a faster one (None with
+        #: one such tier). While LRU loses almost nothing for want of room, it keeps what
+        #: LRU keeps, whoever leads (see :meth:`victims`).
+        self.floor: str | None = worthy[-1] if len(worthy) > 1 else None
+        #: decayed LRU misses for want of room (the ghost's ``lost``) and lookups
+        self.room_lost = 0.0
+        self.looked = 0.0
+        self.floor_lru = self.floor is not None
         self._ghost: LRUGhost | None = None
         self._span = 1.0  # the score window, in looked-up blocks
         self._slack = 0.0  # blocks
@@ -179,8 +210,12 @@ class AdaptivePolicy(Policy):
         n = len(req.keys)
         g = ghost.request(req.keys, req.block_bytes or self._size)
         self._left -= n
+        d = math.exp(-n / self._span)
+        self.room_lost = self.room_lost * d + ghost.lost
+        self.looked = self.looked * d + n
+        self.floor_lru = (self.floor is not None
+                          and self.room_lost <= self.floor_share * self.looked)
         if self.leader == "bets":
-            d = math.exp(-n / self._span)
             self.advantage = self.advantage * d + self._served(req) - g
             self.seen = self.seen * d + n
             if self.advantage < -(self._slack / self._backoff + self.tolerance * self.seen):
@@ -204,14 +239,31 @@ class AdaptivePolicy(Policy):
         self._score(req)
         bet = self.bets.on_request(req, now)
         lru = self.lru.on_request(req, now)
-        if self.leader == "bets":
+        if self.leader != "bets":
+            return Plan(lru.admit, lru.moves, bet.keep_s)
+        floor = self.floor
+        if floor is None or not self.floor_lru or len(bet.admit) == len(lru.admit):
             return bet
-        return Plan(lru.admit, lru.moves, bet.keep_s)
+        # The floor admits what the bets refused everywhere above it: LRU keeps every
+        # block, and below the floor there is only recompute. A partial last block
+        # stays out (the bets' rule: the next turn rewrites it).
+        keys = req.keys
+        partial = bool(keys) and 0 < req.last_tokens < req.block_tokens
+        admit = dict(bet.admit)
+        for k in lru.admit:
+            if k not in admit and not (partial and k == keys[-1]):
+                admit[k] = floor
+        return Plan(admit, bet.moves, bet.keep_s)
 
     def demote_to(self, key: Hashable, tier: str, now: float) -> str | None:
-        if self.leader == "bets":
-            return self.bets.demote_to(key, tier, now)
-        return self.lru.demote_to(key, tier, now)
+        if self.leader != "bets":
+            return self.lru.demote_to(key, tier, now)
+        dst = self.bets.demote_to(key, tier, now)
+        if dst is None and self.floor_lru:
+            nxt = self.lru.demote_to(key, tier, now)
+            if nxt == self.floor:  # the floor takes what the tier above lets go
+                return nxt
+        return dst
 
     def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:
         moves = self.bets.on_hint(hint, keys, now)  # it learns from every hint
@@ -237,6 +289,12 @@ class AdaptivePolicy(Policy):
 
     def victims(self, tier: str, protected: Container[Hashable], now: float
                 ) -> Iterable[Hashable]:
+        """The leader's order; the floor's is always LRU's (with everything a tier above
+        lets go and every refused newcomer admitted there, it holds what LRU's slowest
+        tier would: where it holds nearly everything, LRU's recency wins the bets'
+        session values, which can only lose hits there)."""
+        if tier == self.floor and self.floor_lru:
+            return self.lru.victims(tier, protected, now)
         if self.leader == "bets":
             return self.bets.victims(tier, protected, now)
         return self.lru.victims(tier, protected, now)
