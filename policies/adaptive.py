@@ -41,6 +41,20 @@ the session waits on, the tool and its learned gaps) and its own ledger of wheth
 keeps paid (judged against what the sidecar served at the return), whichever
 expert places the blocks in the sidecar's tiers.
 
+The floor: with two tiers or more worth loading from, the slowest (the disk below
+DRAM) is where a block goes last, and below it there is only recompute. While the
+ghost says LRU loses almost nothing for want of room (the keys of its misses that it
+had evicted, ARC's B list, under ``floor_share`` of the lookups in the window: a tier
+that holds nearly everything), the floor keeps what LRU keeps, whoever leads: it
+takes every block a tier above lets go (the bets drop what is worth nothing now) and
+every newcomer the bets refused, and evicts oldest first (LRU's order, not the bets'
+session values). There the bets can only lose hits: on the agent trace with disk
+20,000 blocks they lost 0.02-0.15 points of hit rate to LRU, all from the disk's
+evictions, too few for the guard's slack to see. Where LRU does lose for want of
+room, the floor is the bets' (an LRU floor then churns: on a generated trace whose
+hints lie, tests/replay/test_lying_hints.py, it fell from the bets' 63.4% to 55.7%,
+below LRU's 58.6%).
+
 Pure: no clock, no I/O; time is an argument. With more than one tier the ghost
 has the capacity of every tier worth loading from, and the real score is the
 prefix served from any of them (an approximation of LRU with demotion).

@@ -180,3 +180,29 @@ def test_the_floor_keeps_what_lru_keeps() -> None:
     assert list(pol.victims("disk", (), 5.0))[:4] == [3, 4, 5, 6]
     assert next(iter(pol.bets.victims("disk", (), 5.0))) in (11, 12)
     assert pol.floor == "disk" and AdaptivePolicy(ONE).floor is None
+
+
+def test_the_ghost_counts_lrus_misses_for_want_of_room() -> None:
+    """``lost``: the keys of a request LRU had evicted (it would have hit them with
+    more room), not those it never saw; the evicted list is bounded by the capacity."""
+    ghost = LRUGhost(2)
+    ghost.request([1, 2], 1)
+    ghost.request([3, 4], 1)  # evicts 2, then 1
+    assert ghost.lost == 0 and list(ghost.gone) == [2, 1]
+    ghost.request([1, 9], 1)  # 1 was evicted, 9 never seen
+    assert ghost.lost == 1
+    ghost.request([5, 6, 7, 8], 1)
+    assert ghost.gone_used <= 2 and 2 not in ghost.gone
+
+
+def test_the_floor_is_the_bets_where_lru_loses_for_want_of_room() -> None:
+    """A scan over 1.5 times the tiers' room, twice: LRU misses every key the second
+    time for want of room, so the floor stops following LRU (its order is the bets')."""
+    pol = AdaptivePolicy(DISK)
+    for rnd in range(2):
+        for i in range(9):
+            fill(pol, [100 + i], f"s{i}", rnd * 100.0 + i)
+    assert pol.floor == "disk" and not pol.floor_lru
+    order = list(pol.victims("disk", (), 300.0))
+    assert order == list(pol.bets.victims("disk", (), 300.0))
+    assert order != list(pol.lru.victims("disk", (), 300.0))

@@ -22,7 +22,7 @@ from kvstore.replay.served import ServedConfig, replay_served
 from kvstore.replay.trace import After, Request
 
 
-def lying_trace(sessions: int = 160, seed: int = 0) -> list[Request]:
+def lying_trace(sessions: int = 60, seed: int = 0) -> list[Request]:
     rng = random.Random(seed)
     ids = itertools.count(1)
     system = [next(ids) for _ in range(8)]
@@ -53,11 +53,14 @@ def hit_rate(reqs: list[Request], policy: str, tiers: tuple[TierBudget, ...]) ->
 def test_lying_hints_cost_nothing_against_lru_or_no_hints() -> None:
     """With the hints swapped against the returns, ``adaptive`` is not below LRU nor
     below the same run without hints (``--no-after``), by more than 0.2 points, with
-    the sidecar's DRAM alone and with a disk below it."""
+    the sidecar's DRAM alone and with a disk below it (430 requests, 18,068 lookups;
+    PYTHONHASHSEED=0: LRU 52.4% / 59.1%, adaptive 55.8% / 63.6%, adaptive without
+    hints 54.5% / 60.3%). A floor that kept what LRU keeps whatever LRU lost for want
+    of room fell below LRU here (55.8%)."""
     reqs = lying_trace()
     plain = [dataclasses.replace(r, after=None) for r in reqs]
-    for tiers in ((TierBudget("dram", 300),),
-                  (TierBudget("dram", 150), TierBudget("disk", 600))):
+    for tiers in ((TierBudget("dram", 120),),
+                  (TierBudget("dram", 60), TierBudget("disk", 240))):
         lru = hit_rate(reqs, "lru", tiers)
         lied = hit_rate(reqs, "adaptive", tiers)
         unhinted = hit_rate(plain, "adaptive", tiers)
