@@ -49,11 +49,11 @@ that holds nearly everything), the floor keeps what LRU keeps, whoever leads: it
 takes every block a tier above lets go (the bets drop what is worth nothing now) and
 every newcomer the bets refused, and evicts oldest first (LRU's order, not the bets'
 session values). There the bets can only lose hits: on the agent trace with disk
-20,000 blocks they lost 0.02-0.15 points of hit rate to LRU, all from the disk's
-evictions, too few for the guard's slack to see. Where LRU does lose for want of
+20,000 blocks they lost 0.02-0.15 points of hit rate to LRU, mostly to the disk's
+evictions by session value, too few for the guard's slack to see. Where LRU does lose for want of
 room, the floor is the bets' (an LRU floor then churns: on a generated trace whose
-hints lie, tests/replay/test_lying_hints.py, it fell from the bets' 63.4% to 55.7%,
-below LRU's 58.6%).
+hints lie, tests/replay/test_lying_hints.py, it fell below LRU's hit rate). The
+evicted-key list doubles the ghost's keys (no payloads).
 
 Pure: no clock, no I/O; time is an argument. With more than one tier the ghost
 has the capacity of every tier worth loading from, and the real score is the
@@ -303,10 +303,10 @@ class AdaptivePolicy(Policy):
 
     def victims(self, tier: str, protected: Container[Hashable], now: float
                 ) -> Iterable[Hashable]:
-        """The leader's order; the floor's is always LRU's (with everything a tier above
-        lets go and every refused newcomer admitted there, it holds what LRU's slowest
-        tier would: where it holds nearly everything, LRU's recency wins the bets'
-        session values, which can only lose hits there)."""
+        """The leader's order; the floor's is LRU's while ``floor_lru`` (with everything
+        a tier above lets go and every refused newcomer admitted there, it holds what
+        LRU's slowest tier would: where it holds nearly everything, LRU's recency wins
+        the bets' session values, which can only lose hits there)."""
         if tier == self.floor and self.floor_lru:
             return self.lru.victims(tier, protected, now)
         if self.leader == "bets":
