@@ -49,6 +49,20 @@ the session waits on, the tool and its learned gaps) and its own ledger of wheth
 keeps paid (judged against what the sidecar served at the return), whichever
 expert places the blocks in the sidecar's tiers.
 
+The floor: with two tiers or more worth loading from, the slowest (the disk below
+DRAM) is where a block goes last, and below it there is only recompute. While the
+ghost says LRU loses almost nothing for want of room (the keys of its misses that it
+had evicted, ARC's B list, under ``floor_share`` of the lookups in the window: a tier
+that holds nearly everything), the floor keeps what LRU keeps, whoever leads: it
+takes every block a tier above lets go (the bets drop what is worth nothing now) and
+every newcomer the bets refused, and evicts oldest first (LRU's order, not the bets'
+session values). There the bets can only lose hits: on the agent trace with disk
+20,000 blocks they lost 0.02-0.15 points of hit rate to LRU, mostly to the disk's
+evictions by session value, too few for the guard's slack to see. Where LRU does lose for want of
+room, the floor is the bets' (an LRU floor then churns: on a generated trace whose
+hints lie, tests/replay/test_lying_hints.py, it fell below LRU's hit rate). The
+evicted-key list doubles the ghost's keys (no payloads).
+
 Pure: no clock, no I/O; time is an argument. With more than one tier the ghost
 has the capacity of every tier worth loading from, and the real score is the
 prefix served from any of them (an approximation of LRU with demotion).
@@ -84,14 +98,21 @@ _UNNAMED_DECAY = 1.0 - 1.0 / 64
 
 
 class LRUGhost:
-    """LRU over keys only, ``capacity`` bytes: what LRU would hold (no payloads)."""
+    """LRU over keys only, ``capacity`` bytes: what LRU would hold (no payloads).
 
-    __slots__ = ("capacity", "keys", "used")
+    It also remembers the keys it evicted, up to ``capacity`` bytes more (ARC's B list):
+    ``lost`` is how many keys of the last request were there, LRU's misses for want of
+    room (the rest of its misses are keys it never saw, or saw too long ago)."""
+
+    __slots__ = ("capacity", "gone", "gone_used", "keys", "lost", "used")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.keys: OrderedDict[Hashable, int] = OrderedDict()
         self.used = 0
+        self.gone: OrderedDict[Hashable, int] = OrderedDict()
+        self.gone_used = 0
+        self.lost = 0
 
     def request(self, keys: Sequence[Hashable], size: int) -> int:
         """Play one lookup as LRU would; returns its prefix hits."""
@@ -102,14 +123,26 @@ class LRUGhost:
                 break
             hits += 1
         move = ghost.move_to_end
+        gone = self.gone
+        lost = 0
         for k in reversed(keys):  # the engine's order: the first block ends most recent
             if k in ghost:
                 move(k)
             else:
+                n = gone.pop(k, None)
+                if n is not None:
+                    lost += 1
+                    self.gone_used -= n
                 self.used += size
                 ghost[k] = size
         while self.used > self.capacity and ghost:
-            self.used -= ghost.popitem(last=False)[1]
+            k, n = ghost.popitem(last=False)
+            self.used -= n
+            gone[k] = n
+            self.gone_used += n
+        while self.gone_used > self.capacity and gone:
+            self.gone_used -= gone.popitem(last=False)[1]
+        self.lost = lost
         return hits
 
 
@@ -118,7 +151,7 @@ class AdaptivePolicy(Policy):
 
     def __init__(self, tiers: Sequence[TierSpec], cost: CostModel | None = None,
                  hbm_keep_max_s: float = 10.0, window: float = 16.0, slack: float = 2.0,
-                 tolerance: float = 0.001, max_backoff: int = 64,
+                 tolerance: float = 0.001, max_backoff: int = 64, floor_share: float = 0.01,
                  **bets: float) -> None:
         super().__init__(tiers)
         if window <= 0 or slack < 0:
@@ -128,6 +161,8 @@ class AdaptivePolicy(Policy):
             raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
         if max_backoff < 1:
             raise ValueError(f"max_backoff must be >= 1, got {max_backoff}")
+        if not 0 <= floor_share < 1:
+            raise ValueError(f"floor_share must be in [0, 1), got {floor_share}")
         self.cost = cost or CostModel()
         #: the bets expert; ``bets`` options (margin, window_s, keep_gap_s) go to it
         self.bets = WorkloadPolicy(tiers, self.cost, hbm_keep_max_s=hbm_keep_max_s, **bets)
@@ -142,7 +177,17 @@ class AdaptivePolicy(Policy):
         self.slack = slack
         self.tolerance = tolerance
         self.max_backoff = max_backoff
+        self.floor_share = floor_share
         self._worth = tuple(self.cost.worth_loading(t) for t in tiers)
+        worthy = [t.name for i, t in enumerate(self.tiers) if self._worth[i]]
+        #: the floor: the slowest tier worth loading from, below a faster one (None with
+        #: one such tier). While LRU loses almost nothing for want of room, it keeps what
+        #: LRU keeps, whoever leads (see :meth:`victims`).
+        self.floor: str | None = worthy[-1] if len(worthy) > 1 else None
+        #: decayed LRU misses for want of room (the ghost's ``lost``) and lookups
+        self.room_lost = 0.0
+        self.looked = 0.0
+        self.floor_lru = self.floor is not None
         self._ghost: LRUGhost | None = None
         #: the reuse counts' own ghost, played on requests that name no session, and
         #: its decayed hits minus the LRU ghost's: the counts bet only while it is > 0
@@ -203,11 +248,15 @@ class AdaptivePolicy(Policy):
         n = len(req.keys)
         g = ghost.request(req.keys, req.block_bytes or self._size)
         self._left -= n
+        d = math.exp(-n / self._span)
         if not req.session_named and self._fghost is not None:
             f = self._fghost.request(req, req.block_bytes or self._size)
-            self.count_advantage = self.count_advantage * math.exp(-n / self._span) + f - g
+            self.count_advantage = self.count_advantage * d + f - g
+        self.room_lost = self.room_lost * d + ghost.lost
+        self.looked = self.looked * d + n
+        self.floor_lru = (self.floor is not None
+                          and self.room_lost <= self.floor_share * self.looked)
         if self.leader == "bets":
-            d = math.exp(-n / self._span)
             self.advantage = self.advantage * d + self._served(req) - g
             self.seen = self.seen * d + n
             if self.advantage < -(self._slack / self._backoff + self.tolerance * self.seen):
@@ -248,16 +297,33 @@ class AdaptivePolicy(Policy):
         bet = self.bets.on_request(req, now)
         freq = self.freq.on_request(req, now)
         lru = self.lru.on_request(req, now)
-        if self.leader == "bets":
-            if self._bettor is self.freq:
-                return Plan(freq.admit, freq.moves, bet.keep_s)
+        if self.leader != "bets":
+            return Plan(lru.admit, lru.moves, bet.keep_s)
+        if self._bettor is self.freq:
+            bet = Plan(freq.admit, freq.moves, bet.keep_s)
+        floor = self.floor
+        if floor is None or not self.floor_lru or len(bet.admit) == len(lru.admit):
             return bet
-        return Plan(lru.admit, lru.moves, bet.keep_s)
+        # The floor admits what the bets refused everywhere above it: LRU keeps every
+        # block, and below the floor there is only recompute. A partial last block
+        # stays out (the bets' rule: the next turn rewrites it).
+        keys = req.keys
+        partial = bool(keys) and 0 < req.last_tokens < req.block_tokens
+        admit = dict(bet.admit)
+        for k in lru.admit:
+            if k not in admit and not (partial and k == keys[-1]):
+                admit[k] = floor
+        return Plan(admit, bet.moves, bet.keep_s)
 
     def demote_to(self, key: Hashable, tier: str, now: float) -> str | None:
-        if self.leader == "bets":
-            return self._bettor.demote_to(key, tier, now)
-        return self.lru.demote_to(key, tier, now)
+        if self.leader != "bets":
+            return self.lru.demote_to(key, tier, now)
+        dst = self._bettor.demote_to(key, tier, now)
+        if dst is None and self.floor_lru:
+            nxt = self.lru.demote_to(key, tier, now)
+            if nxt == self.floor:  # the floor takes what the tier above lets go
+                return nxt
+        return dst
 
     def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:
         moves = self.bets.on_hint(hint, keys, now)  # it learns from every hint
@@ -287,6 +353,12 @@ class AdaptivePolicy(Policy):
 
     def victims(self, tier: str, protected: Container[Hashable], now: float
                 ) -> Iterable[Hashable]:
+        """The leader's order; the floor's is LRU's while ``floor_lru`` (with everything
+        a tier above lets go and every refused newcomer admitted there, it holds what
+        LRU's slowest tier would: where it holds nearly everything, LRU's recency wins
+        the bets' session values, which can only lose hits there)."""
+        if tier == self.floor and self.floor_lru:
+            return self.lru.victims(tier, protected, now)
         if self.leader == "bets":
             return self._bettor.victims(tier, protected, now)
         return self.lru.victims(tier, protected, now)

@@ -144,3 +144,65 @@ def test_arc_moves_its_target_on_ghost_hits_and_evicts_from_t1_first() -> None:
     assert 0 in arc.b1 and arc.target == 0.0
     pol.on_request(RequestInfo([0], [None], "s", "chat", B, 512, 512), 3.0)
     assert arc.target == 1.0  # a B1 hit: recency deserves more room
+
+
+DISK = [TierSpec("dram", 2 * B, 20e9), TierSpec("disk", 4 * B, 3e9)]
+
+
+def fill(pol: Policy, keys: list[int], session: str, now: float, then: str = "",
+         tool: str = "") -> dict[object, str]:
+    """A lookup of ``keys`` and the store of what its plan admits."""
+    admit = dict(pol.on_request(look(keys, session, then, tool), now).admit)
+    for k, tier in admit.items():
+        pol.on_insert(BlockInfo(k, B, None, session, "agent"), tier, now)
+    return admit
+
+
+def test_the_floor_keeps_what_lru_keeps() -> None:
+    """With a disk below DRAM the disk is the floor: it takes every newcomer the bets
+    refuse, every block DRAM lets go (an ended session's too, which the bets drop), and
+    evicts oldest first as LRU does, whatever the sessions are worth to the bets. On the
+    old code the guarded policy refused the newcomer, dropped the ended session's block
+    and evicted the disk by session value (the disk-20,000 served runs of issue 24
+    lost hit rate to LRU from those disk evictions)."""
+    bets, pol = WorkloadPolicy(DISK), AdaptivePolicy(DISK)
+    for p in (bets, pol):  # "v" fills both tiers and is back at once: worth the most
+        fill(p, [1, 2, 3, 4, 5, 6], "v", 0.0, "tool_call", "grep")
+        p.on_hint(Hint("v", "tool_result", "agent"), [(1, "dram"), (3, "disk")], 1.0)
+    assert fill(bets, [11, 12], "n", 2.0) == {}  # the bets refuse the newcomer
+    assert fill(pol, [11, 12], "n", 2.0) == {11: "disk", 12: "disk"}
+    pol.on_remove(1, "dram")  # room in DRAM for the ended session's block
+    assert fill(pol, [21], "e", 3.0) == {21: "dram"}
+    pol.on_hint(Hint("e", "session_end", "agent"), [(21, "dram")], 4.0)
+    assert pol.bets.demote_to(21, "dram", 5.0) is None  # worth nothing to the bets
+    assert pol.demote_to(21, "dram", 5.0) == "disk"
+    # the disk's order is LRU's: v's blocks (stored first) before the newcomer's
+    assert list(pol.victims("disk", (), 5.0))[:4] == [3, 4, 5, 6]
+    assert next(iter(pol.bets.victims("disk", (), 5.0))) in (11, 12)
+    assert pol.floor == "disk" and AdaptivePolicy(ONE).floor is None
+
+
+def test_the_ghost_counts_lrus_misses_for_want_of_room() -> None:
+    """``lost``: the keys of a request LRU had evicted (it would have hit them with
+    more room), not those it never saw; the evicted list is bounded by the capacity."""
+    ghost = LRUGhost(2)
+    ghost.request([1, 2], 1)
+    ghost.request([3, 4], 1)  # evicts 2, then 1
+    assert ghost.lost == 0 and list(ghost.gone) == [2, 1]
+    ghost.request([1, 9], 1)  # 1 was evicted, 9 never seen
+    assert ghost.lost == 1
+    ghost.request([5, 6, 7, 8], 1)
+    assert ghost.gone_used <= 2 and 2 not in ghost.gone
+
+
+def test_the_floor_is_the_bets_where_lru_loses_for_want_of_room() -> None:
+    """A scan over 1.5 times the tiers' room, twice: LRU misses every key the second
+    time for want of room, so the floor stops following LRU (its order is the bets')."""
+    pol = AdaptivePolicy(DISK)
+    for rnd in range(2):
+        for i in range(9):
+            fill(pol, [100 + i], f"s{i}", rnd * 100.0 + i)
+    assert pol.floor == "disk" and not pol.floor_lru
+    order = list(pol.victims("disk", (), 300.0))
+    assert order == list(pol.bets.victims("disk", (), 300.0))
+    assert order != list(pol.lru.victims("disk", (), 300.0))
