@@ -223,7 +223,7 @@ class SchedulerSide:
                 turn.workload,
                 request_id=request.request_id,
                 num_tokens=request.num_tokens,
-                then=turn.event if turn.described else "",
+                then=turn.then,
                 tool=turn.tool,
                 expected_gap_ms=turn.expected_gap_ms,
             ),
