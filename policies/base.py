@@ -135,6 +135,9 @@ class RequestInfo:
     then: str = ""
     tool: str = ""
     expected_gap_s: float | None = None
+    #: Leading blocks of ``keys`` the serving engine's own prefix cache holds (vLLM's
+    #: ``num_computed_tokens`` in blocks, said by its connector); None: not known.
+    engine_hit: int | None = None
 
     def info(self, j: int) -> BlockInfo:
         """The BlockInfo of key ``j`` (its parent is key ``j - 1``)."""

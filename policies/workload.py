@@ -387,7 +387,7 @@ class WorkloadPolicy(Policy):
         worth = req.worth or self._worth
         tiers = [t if t is not None and worth[self._order[t]] else None
                  for t in req.hit_tiers[:h.blocks]]
-        self.holds.returned(h, req.keys, tiers, now - s.since)
+        self.holds.returned(h, req.keys, tiers, now - s.since, req.engine_hit)
 
     def _keep_s(self, s: _Session, req: RequestInfo, admit: dict[Hashable, str]) -> float:
         """The keep the wait's class would get (:meth:`_keep_for`), asked only where
@@ -409,13 +409,16 @@ class WorkloadPolicy(Policy):
         cls = (s.workload, wait, tool)
         s.hold = PendingHold(cls, keep, n, req.keys[n - 1])
         pays = self.holds.pays(cls)
-        if pays is not None:
-            return keep if pays else 0.0
-        if req.expected_gap_s is not None:
-            return keep
-        plan = [t if t is not None else admit.get(k)
-                for k, t in zip(req.keys[:n], req.hit_tiers[:n], strict=True)]
-        return keep if self.holds.gain_over(plan, n) >= self.holds.bar else 0.0
+        if pays is None and req.expected_gap_s is None:
+            plan = [t if t is not None else admit.get(k)
+                    for k, t in zip(req.keys[:n], req.hit_tiers[:n], strict=True)]
+            pays = self.holds.gain_over(plan, n) >= self.holds.bar
+        if not (pays or pays is None):
+            return 0.0
+        if req.engine_hit is not None and not self.holds.ask(cls):
+            return 0.0  # a probe: unasked, its return shows what the engine keeps itself
+        s.hold = PendingHold(cls, keep, n, req.keys[n - 1], asked=True)
+        return keep
 
     def _keep_for(self, s: _Session, wait: str | None, tool: str, gap: float | None,
                   keep: bool = True) -> float:

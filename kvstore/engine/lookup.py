@@ -65,7 +65,7 @@ class Lookups:
 
     def find(self, namespace: str, hashes: list[bytes], session_id: str, workload: str,
              request_id: Hashable, num_tokens: int, then: str, tool: str,
-             expected_gap_s: float | None) -> Lookup:
+             expected_gap_s: float | None, engine_hit_tokens: int | None = None) -> Lookup:
         """The local part of a lookup (``hashes`` checked already); see the module."""
         check_turn(then, expected_gap_s)
         pl, planner = self.placement, self.planner
@@ -100,7 +100,9 @@ class Lookups:
         hit_tiers: list[str | None] = list(first)
         hit_tiers += [None] * (len(keys) - len(hit))
         req = replace(planner.request_info(namespace, keys, hit_tiers, session, wl, num_tokens),
-                      then=then, tool=tool[:_MAX_TOOL_NAME], expected_gap_s=expected_gap_s)
+                      then=then, tool=tool[:_MAX_TOOL_NAME], expected_gap_s=expected_gap_s,
+                      engine_hit=(None if engine_hit_tokens is None else min(
+                          len(keys), engine_hit_tokens // planner.geometry.of(namespace)[1])))
         plan = pl.policy.on_request(req, now)
         keep_s = max(0.0, plan.keep_s)
         planner.requests.plan(keys, plan.admit, [t is None for t in hit_tiers], now)

@@ -321,7 +321,7 @@ class ServedReplay:
         found = await self.engine.serve_lookup(NAMESPACE, run.hashes, req.session_id or "",
                                                req.workload or "", request_id=run.rid,
                                                num_tokens=req.input_length, then=then,
-                                               tool=tool)
+                                               tool=tool, engine_hit_tokens=e * tokens)
         await self.mover.run_until(now)
         media = found.media
         s = len(media)
