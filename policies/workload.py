@@ -44,7 +44,9 @@ workload (a tool call, a user turn, nothing).
   that prefix nearly as fast itself? A class whose keeps gain less than half of
   what they pin asks none. Before a class is judged, a keep is asked for the gap
   the client gave, or where the sidecar will not hold the request's prefix in a
-  fast tier.
+  fast tier. Where the lookup says what the engine's own cache held
+  (``RequestInfo.engine_hit``), what it kept by itself gains nothing, asked keeps
+  go unjudged and one in four is left unasked to keep judging (the ledger's probe).
 """
 
 from __future__ import annotations
