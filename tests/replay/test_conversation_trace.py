@@ -38,10 +38,13 @@ def test_lru_and_belady_reproduce_known_figures(trace: list[Request]) -> None:
     assert round(100 * belady_hit_rate(trace, 1000), 1) == 17.9
 
 
-@pytest.mark.parametrize(("blocks", "at_least"), [(1000, 0.08), (5000, 0.16), (10000, 0.225)])
+@pytest.mark.parametrize(("blocks", "at_least"), [(1000, 0.08), (5000, 0.15), (10000, 0.225)])
 def test_workload_beats_lru(trace: list[Request], blocks: int, at_least: float) -> None:
     """Never below LRU; and what it measured (docs/BENCHMARKS.md) does not regress:
-    8.12% / 16.35% / 22.93% against LRU's 4.45% / 11.18% / 21.16%."""
+    through the served replay (2026-12-02) 8.2% / 15.4% / 22.7% against LRU's 4.5% /
+    11.9% / 21.5% (the old untimed loop, which also stored each request's partial last
+    block in a tier named ``hbm``: 8.12% / 16.35% / 22.93% against 4.45% / 11.18% /
+    21.16%)."""
     workload = hit_rate(trace, "workload", blocks)
     assert workload > hit_rate(trace, "lru", blocks)
     assert workload >= at_least
