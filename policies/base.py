@@ -139,6 +139,9 @@ class RequestInfo:
     #: from the prefix chain (traffic without sessions: a policy may value blocks
     #: rather than sessions).
     session_named: bool = True
+    #: Leading blocks of ``keys`` the serving engine's own prefix cache holds (vLLM's
+    #: ``num_computed_tokens`` in blocks, said by its connector); None: not known.
+    engine_hit: int | None = None
 
     def info(self, j: int) -> BlockInfo:
         """The BlockInfo of key ``j`` (its parent is key ``j - 1``)."""

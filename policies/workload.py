@@ -44,7 +44,9 @@ workload (a tool call, a user turn, nothing).
   that prefix nearly as fast itself? A class whose keeps gain less than half of
   what they pin asks none. Before a class is judged, a keep is asked for the gap
   the client gave, or where the sidecar will not hold the request's prefix in a
-  fast tier.
+  fast tier. Where the lookup says what the engine's own cache held
+  (``RequestInfo.engine_hit``), what it kept by itself gains nothing, asked keeps
+  go unjudged and one in four is left unasked to keep judging (the ledger's probe).
 """
 
 from __future__ import annotations
@@ -387,7 +389,7 @@ class WorkloadPolicy(Policy):
         worth = req.worth or self._worth
         tiers = [t if t is not None and worth[self._order[t]] else None
                  for t in req.hit_tiers[:h.blocks]]
-        self.holds.returned(h, req.keys, tiers, now - s.since)
+        self.holds.returned(h, req.keys, tiers, now - s.since, req.engine_hit)
 
     def _keep_s(self, s: _Session, req: RequestInfo, admit: dict[Hashable, str]) -> float:
         """The keep the wait's class would get (:meth:`_keep_for`), asked only where
@@ -409,13 +411,16 @@ class WorkloadPolicy(Policy):
         cls = (s.workload, wait, tool)
         s.hold = PendingHold(cls, keep, n, req.keys[n - 1])
         pays = self.holds.pays(cls)
-        if pays is not None:
-            return keep if pays else 0.0
-        if req.expected_gap_s is not None:
-            return keep
-        plan = [t if t is not None else admit.get(k)
-                for k, t in zip(req.keys[:n], req.hit_tiers[:n], strict=True)]
-        return keep if self.holds.gain_over(plan, n) >= self.holds.bar else 0.0
+        if pays is None and req.expected_gap_s is None:
+            plan = [t if t is not None else admit.get(k)
+                    for k, t in zip(req.keys[:n], req.hit_tiers[:n], strict=True)]
+            pays = self.holds.gain_over(plan, n) >= self.holds.bar
+        if not (pays or pays is None):
+            return 0.0
+        if req.engine_hit is not None and not self.holds.ask(cls):
+            return 0.0  # a probe: unasked, its return shows what the engine keeps itself
+        s.hold = PendingHold(cls, keep, n, req.keys[n - 1], asked=True)
+        return keep
 
     def _keep_for(self, s: _Session, wait: str | None, tool: str, gap: float | None,
                   keep: bool = True) -> float:

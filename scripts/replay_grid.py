@@ -1,7 +1,9 @@
 """The "sidecar DRAM alone" grid: every policy, every trace, three capacities.
 
-One tier (what ``--hbm-blocks N`` replays today: a sidecar tier of N blocks behind
-nothing), through the server's engine (``kvstore.replay.driver.replay_offline``), for
+The sidecar's DRAM tier of N blocks behind no engine cache, untimed
+(``kvstore replay --engine-blocks 0 --dram-blocks N --instant --no-decode-saves
+--trust-end --no-then``: ``kvstore.replay.served.sidecar_alone``), through the served
+replay and so the server's engine, for
 the agent and conversation traces (``../shared/traces``) and every generated kind over
 several seeds. Prints one table per trace: hit rate per policy and capacity, Belady
 with bypass, and the points each policy is above LRU (``never below LRU`` is checked
@@ -33,8 +35,9 @@ from pathlib import Path
 from kvstore.policies.cost import CostModel
 
 from kvstore.replay.belady import belady_hit_rate
-from kvstore.replay.driver import TierBudget, replay_offline
+from kvstore.replay.driver import TierBudget
 from kvstore.replay.generate import KINDS, GenConfig, generate
+from kvstore.replay.served import replay_served, sidecar_alone
 from kvstore.replay.trace import Request, load_trace
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
@@ -46,7 +49,8 @@ TOLERANCE = 0.002
 
 def _one(args: tuple[Sequence[Request], str, int]) -> float:
     reqs, policy, blocks = args
-    res = asyncio.run(replay_offline(reqs, policy, [TierBudget("hbm", blocks)], CostModel()))
+    cfg = sidecar_alone([TierBudget("dram", blocks)])
+    res = asyncio.run(replay_served(reqs, policy, cfg, CostModel()))
     return res.hit_rate
 
 

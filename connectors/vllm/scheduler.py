@@ -174,7 +174,7 @@ class SchedulerSide:
         tracked.load_blocks = 0
         if not hashes:
             return 0, False
-        result = self._lookup(tracked, hashes)
+        result = self._lookup(tracked, hashes, num_computed_tokens)
         tracked.keep_ms = result.keep_ms if result is not None else 0.0
         num_hit = min(result.num_hit, len(hashes)) if result is not None else 0
         tracked.sidecar_blocks = num_hit
@@ -197,7 +197,8 @@ class SchedulerSide:
         )
         return n * self.block_size, self.config.load_async
 
-    def _lookup(self, tracked: _Tracked, hashes: list[bytes]) -> LookupResult | None:
+    def _lookup(self, tracked: _Tracked, hashes: list[bytes], num_computed_tokens: int
+                ) -> LookupResult | None:
         """The sidecar's answer for a waiting request: asked once, reused while young.
 
         vLLM asks again on every step it cannot schedule the request; the stored
@@ -223,9 +224,11 @@ class SchedulerSide:
                 turn.workload,
                 request_id=request.request_id,
                 num_tokens=request.num_tokens,
-                then=turn.event if turn.described else "",
+                then=turn.then,
                 tool=turn.tool,
                 expected_gap_ms=turn.expected_gap_ms,
+                # vLLM's own prefix-cache hit: what the engine kept without any hold
+                num_computed_tokens=num_computed_tokens,
             ),
             None,
         )

@@ -41,17 +41,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvstore.errors import InvalidArgument
+from kvstore.turns import AFTER_EVENTS, described, lookup_then
 from kvstore.types import Workload
 
 __all__ = ["AFTER_EVENTS", "SessionTracker", "ToolCallMarkers", "TurnInfo", "finished_turn"]
 
-#: ``after`` values and the hint event each sends.
-AFTER_EVENTS = {
-    "user": "turn_end",
-    "tool_call": "tool_call",
-    "tool": "tool_call",
-    "end": "session_end",
-}
 _EVENTS = {"turn_end", "tool_call", "tool_result", "user", "session_start", "session_end"}
 
 
@@ -73,12 +67,15 @@ class TurnInfo:
     @property
     def described(self) -> bool:
         """Whether the client said anything of what follows this turn (``after`` or
-        ``expected_gap_ms``). An undescribed turn's ``user`` is a default, not
-        information: its lookup carries no ``then`` and, unless the engine saw how it
-        ended (a tool-call marker, a stop without one), its end sends no hint, so the
-        sidecar's policy learns such sessions' returns as its own class instead of
-        filing them with the waits a client really announced."""
-        return self.claimed or self.expected_gap_ms is not None
+        ``expected_gap_ms``): the one rule of :mod:`kvstore.turns`. An undescribed
+        turn's lookup carries no ``then`` and, unless the engine saw how it ended (a
+        tool-call marker, a stop without one), its end sends no hint."""
+        return described(self.claimed, self.expected_gap_ms)
+
+    @property
+    def then(self) -> str:
+        """The ``then`` this turn's lookup carries (``""``: not described)."""
+        return lookup_then(self.event, self.claimed, self.expected_gap_ms)
 
 
 @dataclass(frozen=True, slots=True)

@@ -164,12 +164,14 @@ class AsyncKVStoreClient:
                      session_id: str | None = None, workload: str | None = None, *,
                      request_id: str | None = None, num_tokens: int = 0,
                      then: str | None = None, tool: str | None = None,
-                     expected_gap_ms: float | None = None) -> LookupResult:
+                     expected_gap_ms: float | None = None,
+                     num_computed_tokens: int | None = None) -> LookupResult:
         resp = await self._call(self._stub.Lookup, pb.LookupRequest(
             namespace=namespace, block_hashes=list(map(bytes, hashes)),
             session_id=session_id or "", workload=workload or "",
             request_id=request_id or "", num_tokens=num_tokens, then=then or "",
-            tool=tool or "", expected_gap_ms=expected_gap_ms or 0.0))
+            tool=tool or "", expected_gap_ms=expected_gap_ms or 0.0,
+            num_computed_tokens=num_computed_tokens))
         return LookupResult.from_pb(resp)
 
     async def get(self, namespace: str, hashes: Sequence[bytes]) -> list[BlockData | None]:

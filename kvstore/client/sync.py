@@ -123,16 +123,20 @@ class KVStoreClient(Holding):
     def lookup(self, namespace: str, hashes: Sequence[bytes], session_id: str | None = None,
                workload: str | None = None, *, request_id: str | None = None,
                num_tokens: int = 0, then: str | None = None, tool: str | None = None,
-               expected_gap_ms: float | None = None) -> LookupResult:
+               expected_gap_ms: float | None = None,
+               num_computed_tokens: int | None = None) -> LookupResult:
         """The longest stored prefix worth loading. ``request_id`` makes repeated lookups
         of one request count once and ties its later puts and hint to it. ``then`` (the
         hint event the turn will end with), ``tool`` and ``expected_gap_ms`` let the
-        policy decide the request's HBM keep (``LookupResult.keep_ms``)."""
+        policy decide the request's HBM keep (``LookupResult.keep_ms``);
+        ``num_computed_tokens``, the prompt tokens the engine's own prefix cache holds
+        (None: unknown), lets it judge what a keep gained past those."""
         resp = self._call(self._stub.Lookup, pb.LookupRequest(
             namespace=namespace, block_hashes=list(map(bytes, hashes)),
             session_id=session_id or "", workload=workload or "",
             request_id=request_id or "", num_tokens=num_tokens, then=then or "",
-            tool=tool or "", expected_gap_ms=expected_gap_ms or 0.0))
+            tool=tool or "", expected_gap_ms=expected_gap_ms or 0.0,
+            num_computed_tokens=num_computed_tokens))
         return LookupResult.from_pb(resp)
 
     def get(self, namespace: str, hashes: Sequence[bytes]) -> list[BlockData | None]:

@@ -281,8 +281,8 @@ class Engine:
 
     def lookup_request(self, namespace: str, hashes: Sequence[bytes], session_id: str = "",
                        workload: str = "", *, request_id: Hashable = "", num_tokens: int = 0,
-                       then: str = "", tool: str = "", expected_gap_s: float | None = None
-                       ) -> Lookup:
+                       then: str = "", tool: str = "", expected_gap_s: float | None = None,
+                       engine_hit_tokens: int | None = None) -> Lookup:
         """The longest locally stored prefix of ``hashes`` worth loading, with the
         fastest tier of each block: it stops at the first block missing or held only in
         a tier that loses to recomputing it (cost model). And how many blocks after it
@@ -295,11 +295,13 @@ class Engine:
         reads the index (a request is its namespace's: the same id in another
         namespace is another request). ``num_tokens``: the request's prompt length, if
         known (its last block may be partial). ``then`` / ``tool`` / ``expected_gap_s``:
-        what the client says the request's turn ends with (for the policy's HBM keep)."""
+        what the client says the request's turn ends with (for the policy's HBM keep);
+        ``engine_hit_tokens``: the prompt tokens the serving engine's own prefix cache
+        holds (vLLM's ``num_computed_tokens``; None: unknown)."""
         check_turn(then, expected_gap_s)
         hashes = self.check_hashes(namespace, hashes)
         return self.lookups.find(namespace, hashes, session_id, workload, request_id,
-                                 num_tokens, then, tool, expected_gap_s)
+                                 num_tokens, then, tool, expected_gap_s, engine_hit_tokens)
 
     def use_mover(self, mover: Mover) -> None:
         """Run transfers on ``mover`` (built on ``placement.run_transfer``) instead of the
@@ -310,7 +312,8 @@ class Engine:
                            workload: str = "", *, request_id: Hashable = "",
                            num_tokens: int = 0, then: str = "", tool: str = "",
                            expected_gap_s: float | None = None, hold: bool = False,
-                           lease_seconds: float = 0.0, owner: str = "") -> Lookup:
+                           lease_seconds: float = 0.0, owner: str = "",
+                           engine_hit_tokens: int | None = None) -> Lookup:
         """A lookup as the server answers it: :meth:`lookup_request`, continued from a
         tier other hosts share (its store count corrected by what that found), seen by
         the profile (a request's first lookup only), and with ``hold`` the served
@@ -318,7 +321,8 @@ class Engine:
         hashes = list(hashes)
         found = self.lookup_request(namespace, hashes, session_id, workload,
                                     request_id=request_id, num_tokens=num_tokens, then=then,
-                                    tool=tool, expected_gap_s=expected_gap_s)
+                                    tool=tool, expected_gap_s=expected_gap_s,
+                                    engine_hit_tokens=engine_hit_tokens)
         found = await self.lookups.extend(namespace, hashes, found)
         if not found.repeat and self.profile is not None:
             self.profile.on_lookup(namespace, hashes, session_id, workload)

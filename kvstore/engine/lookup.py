@@ -67,7 +67,7 @@ class Lookups:
 
     def find(self, namespace: str, hashes: list[bytes], session_id: str, workload: str,
              request_id: Hashable, num_tokens: int, then: str, tool: str,
-             expected_gap_s: float | None) -> Lookup:
+             expected_gap_s: float | None, engine_hit_tokens: int | None = None) -> Lookup:
         """The local part of a lookup (``hashes`` checked already); see the module."""
         check_turn(then, expected_gap_s)
         pl, planner = self.placement, self.planner
@@ -106,7 +106,9 @@ class Lookups:
         hit_tiers += [None] * (len(keys) - nhit)
         req = replace(planner.request_info(namespace, keys, hit_tiers, session, wl, num_tokens),
                       then=then, tool=tool[:_MAX_TOOL_NAME], expected_gap_s=expected_gap_s,
-                      session_named=bool(session_id))
+                      session_named=bool(session_id),
+                      engine_hit=(None if engine_hit_tokens is None else min(
+                          len(keys), engine_hit_tokens // planner.geometry.of(namespace)[1])))
         plan = pl.policy.on_request(req, now)
         keep_s = max(0.0, plan.keep_s)
         # (only the missing blocks have a plan: the ones after the hit prefix)

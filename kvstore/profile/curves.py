@@ -2,7 +2,7 @@
 
 Two call sites, kept here so a change of the replay is adapted in one place:
 ``kvstore.replay.cli.replay`` (one result with ``hit_rate`` per policy and
-capacity, one tier of that many blocks) and
+capacity: the sidecar's DRAM alone, that many blocks, through the served replay) and
 ``kvstore.replay.belady.belady_hit_rate`` (the offline optimum, the bound).
 
 The default grid doubles down from the trace's footprint (its distinct blocks,
@@ -39,20 +39,18 @@ def measure_curve(requests: Sequence[Request], capacities: Iterable[int],
                   policies: Sequence[str], unbounded_hit_rate: float,
                   block_bytes: int | None = None, progress: bool = False,
                   bar: Progress = no_progress) -> Curve:
-    """Replay ``requests`` through each policy at each capacity (one tier of that
-    many blocks), plus Belady at the same capacities."""
+    """Replay ``requests`` through each policy at each capacity (the sidecar's DRAM
+    alone, that many blocks), plus Belady at the same capacities."""
     from kvstore.policies.cost import CostModel
     from kvstore.replay.belady import belady_hit_rate
     from kvstore.replay.cli import replay
-    from kvstore.replay.driver import TierBudget
 
     caps = sorted(set(capacities))
     if not caps or caps[0] < 1:
         raise ValueError(f"capacities must be >= 1 block, got {caps}")
     cost = CostModel() if block_bytes is None else CostModel(block_bytes=block_bytes)
-    runs = [[TierBudget("hbm", c)] for c in caps]
     points = [CurvePoint(r.policy, sum(r.tiers.values()), r.hit_rate)
-              for r in replay(requests, list(policies), runs, cost, progress)]
+              for r in replay(requests, list(policies), caps, cost, progress)]
     points += [CurvePoint(BELADY, c, belady_hit_rate(requests, c))
                for c in bar(caps, len(caps), "belady")]
     return Curve(tuple(points), unbounded_hit_rate)

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from kvstore import policies
 from kvstore.policies.cost import READ_BYTES_PER_S, CostModel
 from kvstore.replay.belady import belady_hit_rate
-from kvstore.replay.driver import ReplayResult, TierBudget, replay_offline
+from kvstore.replay.driver import TierBudget
 from kvstore.replay.generate import KINDS, GenConfig, generate
 from kvstore.replay.results import format_served_table, format_table, plot_hit_rates, write_json
 from kvstore.replay.served import (
@@ -35,6 +35,7 @@ from kvstore.replay.served import (
     ServedConfig,
     ServedResult,
     replay_served,
+    sidecar_alone,
 )
 from kvstore.replay.trace import Request, TraceError, dump_trace, load_trace
 
@@ -171,22 +172,13 @@ def _runs(args: argparse.Namespace) -> list[ServedConfig]:
     return runs
 
 
-def replay(requests: Sequence[Request], names: Sequence[str], runs: list[list[TierBudget]],
-           cost: CostModel, progress: bool) -> list[ReplayResult]:
-    """Each policy over each tier budget, the sidecar's engine alone (one run each; the
-    capacity curves of ``kvstore profile`` use it: one tier's hit rates are the same as
-    the served topology's with ``--engine-blocks 0``, see tests/replay/test_served.py)."""
-    from tqdm import tqdm
-
-    results = []
-    for budget in runs:
-        for name in names:
-            label = f"{name} " + "/".join(f"{b.name}={b.blocks}" for b in budget)
-            with tqdm(total=len(requests), desc=label, unit="req", disable=not progress,
-                      leave=False) as bar:
-                results.append(asyncio.run(replay_offline(requests, name, budget, cost,
-                                                          bar.update)))
-    return results
+def replay(requests: Sequence[Request], names: Sequence[str], capacities: Sequence[int],
+           cost: CostModel, progress: bool) -> list[ServedResult]:
+    """Each policy at each capacity of the sidecar's DRAM alone (:func:`sidecar_alone`:
+    no engine cache, untimed; one run each, capacity outer). The capacity curves of
+    ``kvstore profile`` use it."""
+    runs = [sidecar_alone([TierBudget("dram", c)]) for c in capacities]
+    return replay_served_runs(requests, names, runs, cost, progress)
 
 
 def replay_served_runs(requests: Sequence[Request], names: Sequence[str],

@@ -1,15 +1,19 @@
-"""Trace replay through the engine that serves traffic.
+"""The untimed request loop of the live and fleet replays, and the replay's names.
 
-Each request is played as a vLLM worker with the connector plays it, against a
-:class:`Store`: look the request up (with its session, workload, a request id
-and its prompt length), let background transfers run (the prefetch of a
-returning session's prefix), store the blocks after the served prefix that the
-lookup said to offer (the engine admits them where the policy's plan says, and
-counts the ones it already holds), then send the hint its ``after`` field carries (``tool_call``,
-``turn_end`` for a user turn, ``session_end``) and let transfers run again.
-The next request's time is never shown to anyone.
+The offline replay (``kvstore replay``, the profile's curves, the grid) runs the
+served topology (:mod:`kvstore.replay.served`); this loop is what the live replay
+(:mod:`kvstore.replay.live`, against a running server) and the fleet replay
+(:mod:`kvstore.replay.fleet`, one :class:`EngineStore` per worker) still run.
+Each request is played, one at a time and taking no time, against a
+:class:`Store`: look the request up (with its session, workload, a request id and
+its prompt length), let background transfers run (the prefetch of a returning
+session's prefix), store the blocks after the served prefix that the lookup said
+to offer (the engine admits them where the policy's plan says, and counts the
+ones it already holds), then send the hint its ``after`` field carries
+(``tool_call``, ``turn_end`` for a user turn, ``session_end``) and let transfers
+run again. The next request's time is never shown to anyone.
 
-The offline store (:class:`EngineStore`) is the server's own
+The fleet's store (:class:`EngineStore`) is the server's own
 :class:`~kvstore.engine.core.Engine` with in-memory tiers, a virtual clock and
 the mover's queue run between requests: the same index, placement, write-back,
 prefetch, admission, sessions and events as ``kvstore serve``. Blocks are
@@ -35,18 +39,19 @@ from kvstore.policies import Hint, TierSpec
 from kvstore.policies.cost import CostModel, read_bytes_per_s
 from kvstore.replay.trace import Request
 from kvstore.tiers.memory import MemoryTier
+from kvstore.turns import AFTER_EVENTS
 from kvstore.types import Medium
 
 __all__ = ["MEDIA", "NAMESPACE", "EngineStore", "ReplayResult", "Replayer", "Store",
-           "TierBudget", "VirtualClock", "block_hash", "build_engine", "replay_offline"]
+           "TierBudget", "VirtualClock", "block_hash", "build_engine"]
 
 #: Namespace of replayed blocks.
 NAMESPACE = "trace"
-#: Medium of each replay tier name (events, and which tier served a hit).
+#: Medium of each replay tier name (events, and which tier served a hit); ``hbm`` is
+#: the fleet replay's policy-managed GPU tier only (the served replay's GPU is the
+#: engine's own cache, not a tier).
 MEDIA: dict[str, Medium] = {"hbm": Medium.GPU, "dram": Medium.CPU, "disk": Medium.DISK,
                             "redis": Medium.REMOTE}
-#: A trace's ``after`` -> the hint event the connector sends when the request ends.
-HINT_EVENT = {"tool_call": "tool_call", "user": "turn_end", "end": "session_end"}
 
 
 def block_hash(block_id: int) -> bytes:
@@ -220,7 +225,7 @@ class Replayer:
             n = len(hashes) if req.cache_blocks is None else min(req.cache_blocks, len(hashes))
             await self.store.retain(req, hashes[:n])
         if req.after is not None:
-            await self.store.hint(req, HINT_EVENT[req.after.kind], rid)
+            await self.store.hint(req, AFTER_EVENTS[req.after.kind], rid)
         await self.store.settle()
         return served
 
@@ -246,19 +251,3 @@ class Replayer:
                                                                strict=True)},
             bytes_moved=dict(sorted((moved or {}).items())), prefill_s_saved=self.saved_s,
             prefill_s_total=self.total_s, elapsed_s=elapsed_s)
-
-
-async def replay_offline(requests: Sequence[Request], policy: str,
-                         budgets: Sequence[TierBudget], cost: CostModel,
-                         progress: Callable[[int], None] | None = None,
-                         events: EventSink | None = None,
-                         options: Mapping[str, Any] | None = None) -> ReplayResult:
-    """``requests`` through the engine with ``policy`` (constructed with ``options``)
-    over ``budgets``."""
-    clock = VirtualClock()
-    engine = build_engine(policy, budgets, cost, clock, events, options=options)
-    replayer = Replayer(EngineStore(engine, clock), policy, budgets, cost)
-    res = await replayer.run(requests, progress)
-    scale = cost.block_bytes  # a stand-in block is one byte
-    moved = {f"{s}->{d}": n * scale for (s, d), n in engine.stats.moved_bytes.items()}
-    return replayer.result(res.elapsed_s, moved)

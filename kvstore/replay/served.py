@@ -47,8 +47,9 @@ import heapq
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvstore import policies
 from kvstore.engine.blocks import NewBlock
@@ -56,15 +57,16 @@ from kvstore.engine.core import Engine, tier_specs
 from kvstore.errors import TierFull
 from kvstore.policies import Hint, TierSpec
 from kvstore.policies.cost import CostModel, read_bytes_per_s
-from kvstore.replay.driver import HINT_EVENT, MEDIA, NAMESPACE, TierBudget, VirtualClock
+from kvstore.replay.driver import MEDIA, NAMESPACE, TierBudget, VirtualClock
 from kvstore.replay.engine_cache import EngineCache
 from kvstore.replay.timed_mover import TimedMover
 from kvstore.replay.trace import Request
 from kvstore.tiers.memory import MemoryTier
+from kvstore.turns import AFTER_EVENTS, lookup_then
 
 __all__ = ["DEFAULT_HOLD_MAX_S", "DEFAULT_MAX_RUNNING", "DEFAULT_TPOT_S", "SIDECAR_TIERS",
            "EngineModel", "ServedConfig", "ServedResult", "ServedReplay",
-           "decode_block_ids", "replay_served"]
+           "client_then", "decode_block_ids", "replay_served", "sidecar_alone"]
 
 #: Sidecar tiers of the served topology, fastest first (the GPU is the engine's).
 SIDECAR_TIERS = ("dram", "disk", "redis")
@@ -117,6 +119,17 @@ class ServedConfig:
     trust_end: bool = False
     #: Lookups carry ``then`` / ``tool`` (False: the ablation without them).
     send_then: bool = True
+
+
+def sidecar_alone(budgets: Sequence[TierBudget]) -> ServedConfig:
+    """The sidecar's tiers behind no engine cache, untimed: no decode saves, the trace's
+    ``end`` trusted, lookups without ``then`` (``--engine-blocks 0 --instant
+    --no-decode-saves --trust-end --no-then``). The "sidecar DRAM alone" tables and the
+    profile's capacity curves run this; on a trace whose blocks are all full it gives
+    the figures of the untimed single-tier loop it replaced (tests/replay/test_served.py).
+    """
+    return ServedConfig(0, tuple(budgets), 0, model=EngineModel.instant(),
+                        decode_saves=False, trust_end=True, send_then=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +199,20 @@ def decode_block_ids(requests: Sequence[Request], block_tokens: int) -> list[tup
     return out
 
 
+def client_then(req: Request, trust_end: bool = False) -> tuple[str, str]:
+    """(hint event, tool) of what the request's client knows its turn ends with: the
+    ``then`` / ``tool`` its lookup carries and the hint its end sends. A client that
+    says nothing sends nothing, as the connector does (:mod:`kvstore.turns`; a trace's
+    request carries no expected gap, so one without ``after`` is not described). The
+    trace's ``end`` is a ``user`` turn unless ``trust_end``."""
+    after = req.after
+    kind = after.kind if after is not None else "user"
+    if kind == "end" and not trust_end:
+        kind = "user"
+    then = lookup_then(AFTER_EVENTS[kind], after is not None)
+    return then, (after.tool or "") if after is not None and then else ""
+
+
 def _percentile(values: Sequence[float], q: float) -> float:
     if not values:
         return 0.0
@@ -195,15 +222,17 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 
 def build_sidecar(policy: str, budgets: Sequence[TierBudget], cost: CostModel,
-                  clock: VirtualClock, timed: bool, hold_max_s: float
-                  ) -> tuple[Engine, TimedMover]:
-    """The server's engine over in-memory sidecar tiers, its mover on ``clock``."""
+                  clock: VirtualClock, timed: bool, hold_max_s: float,
+                  options: Mapping[str, Any] | None = None) -> tuple[Engine, TimedMover]:
+    """The server's engine over in-memory sidecar tiers, its mover on ``clock``;
+    ``options`` go to the policy's constructor."""
     tiers = [MemoryTier(b.blocks, name=b.name, medium=MEDIA[b.name])
              for b in budgets if b.blocks > 0]
     if not tiers:
         raise ValueError("the sidecar has no tier: give --dram-blocks N (and/or "
                          "--disk-blocks / --redis-blocks)")
-    pol = policies.create(policy, tier_specs(tiers), cost=cost, hbm_keep_max_s=hold_max_s)
+    pol = policies.create(policy, tier_specs(tiers), cost=cost, hbm_keep_max_s=hold_max_s,
+                          **(options or {}))
     engine = Engine(tiers, pol, None, clock=clock, cost=cost, write_back=True,
                     max_hashes=1 << 30, max_block_bytes=1 << 30)
     engine.set_geometry(NAMESPACE, cost.block_bytes, cost.block_tokens, stored_bytes=1)
@@ -236,7 +265,7 @@ class ServedReplay:
     """Plays a trace through the engine cache in front of the sidecar's engine."""
 
     def __init__(self, requests: Sequence[Request], policy: str, config: ServedConfig,
-                 cost: CostModel) -> None:
+                 cost: CostModel, options: Mapping[str, Any] | None = None) -> None:
         for b in config.sidecar:
             if b.name not in SIDECAR_TIERS:
                 raise ValueError(f"sidecar tier {b.name!r}: one of {', '.join(SIDECAR_TIERS)}")
@@ -248,7 +277,7 @@ class ServedReplay:
         self.clock = VirtualClock()
         self.engine, self.mover = build_sidecar(policy, config.sidecar, cost, self.clock,
                                                 config.model.timed_transfers,
-                                                config.hold_max_s)
+                                                config.hold_max_s, options)
         self.cache = EngineCache(config.engine_blocks, config.hold_budget_blocks,
                                  config.hold_max_s)
         self.decode_ids = (decode_block_ids(requests, cost.block_tokens)
@@ -276,19 +305,6 @@ class ServedReplay:
             await self.engine.put(NAMESPACE, blocks, req.session_id or "", req.workload or "",
                                   request_id=run.rid, spill=False)
 
-    def _then(self, req: Request) -> tuple[str, str]:
-        """(hint event, tool) of what the client knows its turn ends with. A client that
-        says nothing sends nothing, as the connector does: its ``user`` default is not
-        information (``connectors/vllm/sessions.py``: ``TurnInfo.described``), so the
-        lookup carries no ``then`` and the turn's end no hint."""
-        after = req.after
-        if after is None:
-            return "", ""
-        kind = after.kind
-        if kind == "end" and not self.config.trust_end:
-            kind = "user"
-        return HINT_EVENT[kind], after.tool or ""
-
     # -- the phases of a request ---------------------------------------------------------
     async def _start(self, run: _Run, now: float) -> None:
         req = run.req
@@ -300,11 +316,12 @@ class ServedReplay:
         e = self.cache.match(ids[:reach])
         # only full blocks have a hash: the connector looks up and saves those alone
         run.hashes = [i.to_bytes(8, "big") for i in ids[:full]]
-        then, tool = self._then(req) if self.config.send_then else ("", "")
+        then, tool = (client_then(req, self.config.trust_end) if self.config.send_then
+                      else ("", ""))
         found = await self.engine.serve_lookup(NAMESPACE, run.hashes, req.session_id or "",
                                                req.workload or "", request_id=run.rid,
                                                num_tokens=req.input_length, then=then,
-                                               tool=tool)
+                                               tool=tool, engine_hit_tokens=e * tokens)
         await self.mover.run_until(now)
         media = found.media
         s = len(media)
@@ -362,7 +379,7 @@ class ServedReplay:
             n = len(run.hashes) if req.cache_blocks is None else min(req.cache_blocks,
                                                                      len(run.hashes))
             self.engine.retain(NAMESPACE, run.hashes[:n], req.cache_ttl_s)
-        then, tool = self._then(req)
+        then, tool = client_then(req, self.config.trust_end)
         if then:
             self.engine.hint(Hint(req.session_id or "", then, req.workload or "unknown",
                                   tool or None), NAMESPACE, run.rid)
@@ -476,7 +493,8 @@ class ServedReplay:
 
 
 async def replay_served(requests: Sequence[Request], policy: str, config: ServedConfig,
-                        cost: CostModel, progress: Callable[[int], None] | None = None
-                        ) -> ServedResult:
-    """``requests`` through the served topology with ``policy`` behind the engine."""
-    return await ServedReplay(requests, policy, config, cost).run(progress)
+                        cost: CostModel, progress: Callable[[int], None] | None = None,
+                        options: Mapping[str, Any] | None = None) -> ServedResult:
+    """``requests`` through the served topology with ``policy`` (constructed with
+    ``options``) behind the engine."""
+    return await ServedReplay(requests, policy, config, cost, options).run(progress)

@@ -152,7 +152,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             num_tokens=request.num_tokens, then=request.then, tool=request.tool,
             expected_gap_s=(request.expected_gap_ms / 1e3 if request.expected_gap_ms
                             else None),
-            hold=request.hold, lease_seconds=request.lease_seconds, owner=_owner(context))
+            hold=request.hold, lease_seconds=request.lease_seconds, owner=_owner(context),
+            engine_hit_tokens=(request.num_computed_tokens
+                               if request.HasField("num_computed_tokens") else None))
         resp = pb.LookupResponse(num_hit=len(found.media),
                                  media=list(map(MEDIUM_TO_PB.__getitem__, found.media)),
                                  store_blocks=found.store, keep_ms=found.keep_s * 1e3)

@@ -43,7 +43,10 @@ def test_conversation_trace_known_figures() -> None:
     assert round(100 * prof.reuse.unbounded_hit_rate, 1) == 36.6
     assert prof.curve is not None
     lru = [round(100 * h, 1) for _, h in prof.curve.of("lru")]
-    assert lru == [4.5, 5.4, 11.2, 21.2]
+    # Through the served replay (the sidecar's DRAM alone); the old untimed loop stored
+    # each request's partial last block (12,009 of 12,031 end in one) and got
+    # 4.5 / 5.4 / 11.2 / 21.2.
+    assert lru == [4.5, 5.5, 11.9, 21.5]
     # sessions inferred from the prefix chains: human turn gaps of minutes
     # (DESIGN.md section 1: p50 2 min, p90 8 min)
     s = prof.sessions

@@ -3,19 +3,13 @@ guarded policy backs off to LRU by itself."""
 
 from __future__ import annotations
 
-import asyncio
-
-from kvstore.policies.cost import CostModel
-
-from kvstore.replay.driver import TierBudget, replay_offline
 from kvstore.replay.generate import GenConfig, generate
 from kvstore.replay.trace import Request
+from tests.replay.helpers import replay
 
 
 def hit_rate(reqs: list[Request], name: str, blocks: int, **options: float) -> float:
-    res = asyncio.run(replay_offline(reqs, name, [TierBudget("hbm", blocks)], CostModel(),
-                                     options=options))
-    return res.hit_rate
+    return replay(reqs, name, [("dram", blocks)], options=options).hit_rate
 
 
 def test_backs_off_to_lru_where_bypass_loses() -> None:

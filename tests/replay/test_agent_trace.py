@@ -30,6 +30,6 @@ def trace() -> list[Request]:
 def test_workload_beats_the_tool_call_ttl_rule_and_lru(trace: list[Request]) -> None:
     """On agents the hints are what counts: the learned waits beat the fixed 60 s hold,
     which beats LRU (whole trace, three sizes: docs/BENCHMARKS.md)."""
-    rates = {name: replay(trace, name, [("hbm", 500)]).hit_rate
+    rates = {name: replay(trace, name, [("dram", 500)]).hit_rate
              for name in ("lru", "ttl", "workload")}
     assert rates["workload"] > rates["ttl"] > rates["lru"], rates

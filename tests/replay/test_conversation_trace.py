@@ -25,7 +25,7 @@ def trace() -> list[Request]:
 
 
 def hit_rate(reqs: list[Request], name: str, blocks: int) -> float:
-    return replay(reqs, name, [("hbm", blocks)]).hit_rate
+    return replay(reqs, name, [("dram", blocks)]).hit_rate
 
 
 def test_trace_shape(trace: list[Request]) -> None:
@@ -38,10 +38,13 @@ def test_lru_and_belady_reproduce_known_figures(trace: list[Request]) -> None:
     assert round(100 * belady_hit_rate(trace, 1000), 1) == 17.9
 
 
-@pytest.mark.parametrize(("blocks", "at_least"), [(1000, 0.08), (5000, 0.16), (10000, 0.225)])
+@pytest.mark.parametrize(("blocks", "at_least"), [(1000, 0.08), (5000, 0.15), (10000, 0.225)])
 def test_workload_beats_lru(trace: list[Request], blocks: int, at_least: float) -> None:
     """Never below LRU; and what it measured (docs/BENCHMARKS.md) does not regress:
-    8.12% / 16.35% / 22.93% against LRU's 4.45% / 11.18% / 21.16%."""
+    through the served replay (2026-12-02) 8.2% / 15.4% / 22.7% against LRU's 4.5% /
+    11.9% / 21.5% (the old untimed loop, which also stored each request's partial last
+    block in a tier named ``hbm``: 8.12% / 16.35% / 22.93% against 4.45% / 11.18% /
+    21.16%)."""
     workload = hit_rate(trace, "workload", blocks)
     assert workload > hit_rate(trace, "lru", blocks)
     assert workload >= at_least
@@ -55,9 +58,9 @@ def test_workload_beats_lru_with_dram(trace: list[Request]) -> None:
     walk's hints, seeds 3-5: workload 13.92-14.05%, LRU 10.15-10.69%."""
     rates = {}
     for name in ("lru", "workload"):
-        res = replay(trace, name, [("hbm", 1000), ("dram", 4000)])
+        res = replay(trace, name, [("dram", 1000), ("disk", 4000)])
         rates[name] = res.hit_rate
         if name == "workload":
-            assert res.hit_rate_by_tier["dram"] > 0.04  # DRAM serves, not only HBM
+            assert res.hits_by_tier["disk"] > 0.04  # the second tier serves too
     assert rates["workload"] > rates["lru"], rates
     assert rates["workload"] >= 0.13, rates

@@ -51,7 +51,7 @@ def test_belady_bounds_every_policy() -> None:
         bound = belady_hit_rate(reqs, cap, bypass=True)
         assert bound >= belady_hit_rate(reqs, cap) - 1e-9
         for name in policies.available():
-            assert replay(reqs, name, [("hbm", cap)]).hit_rate <= bound + 1e-9, name
+            assert replay(reqs, name, [("dram", cap)]).hit_rate <= bound + 1e-9, name
 
 
 def test_cli_registers_replay_and_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

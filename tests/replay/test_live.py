@@ -10,10 +10,10 @@ import pytest
 from kvstore.policies.cost import CostModel
 
 from kvstore.replay import cli
-from kvstore.replay.driver import TierBudget, replay_offline
 from kvstore.replay.generate import GenConfig, generate
 from kvstore.replay.live import payload_for, replay_live
 from kvstore.replay.trace import dump_trace
+from tests.replay.helpers import replay
 
 KiB = 1024
 PAYLOAD = 16 * KiB
@@ -31,8 +31,7 @@ def test_live_replay_matches_offline(server_factory, policy: str) -> None:
                          disk={"capacity": str(disk * PAYLOAD)})
     cost = CostModel()
     live = asyncio.run(replay_live(trace, srv.address, cost, PAYLOAD, speedup=30.0))
-    offline = asyncio.run(replay_offline(trace, policy, [TierBudget("dram", dram),
-                                                         TierBudget("disk", disk)], cost))
+    offline = replay(trace, policy, [("dram", dram), ("disk", disk)], cost)
     assert live.requests == offline.requests == len(trace)
     assert live.lookups == offline.lookups
     assert live.tiers == {"dram": dram, "disk": disk}

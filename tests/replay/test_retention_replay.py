@@ -4,17 +4,15 @@ them lifts LRU's hit rate on it (the same engine the server runs)."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 from pathlib import Path
 
 import pytest
-from kvstore.policies.cost import CostModel
 
-from kvstore.replay.driver import TierBudget, replay_offline
 from kvstore.replay.generate import GenConfig, generate
 from kvstore.replay.trace import Request, TraceError, dump_trace, load_trace
+from tests.replay.helpers import replay
 
 
 def test_cache_fields_round_trip_and_bad_ones_are_refused(tmp_path: Path) -> None:
@@ -42,11 +40,8 @@ def test_the_retained_kind_marks_its_shared_prefixes() -> None:
 
 def test_retaining_the_shared_prefixes_lifts_lru() -> None:
     reqs = generate("retained", GenConfig(sessions=60, duration_s=3600.0, seed=1, scale=0.25))
-    budgets = [TierBudget("dram", 100)]
-
     def hit_rate(requests: list[Request]) -> float:
-        res = asyncio.run(replay_offline(requests, "lru", budgets, CostModel()))
-        return res.hit_rate
+        return replay(requests, "lru", [("dram", 100)]).hit_rate
 
     with_ttl = hit_rate(reqs)
     without = hit_rate([dataclasses.replace(r, cache_ttl_s=None) for r in reqs])

@@ -14,7 +14,14 @@ from kvstore.policies.cost import CostModel
 from kvstore.policies.lru import LRUPolicy
 
 from kvstore.replay.cli import main
-from kvstore.replay.driver import TierBudget, replay_offline
+from kvstore.replay.driver import (
+    EngineStore,
+    Replayer,
+    ReplayResult,
+    TierBudget,
+    VirtualClock,
+    build_engine,
+)
 from kvstore.replay.engine_cache import EngineCache
 from kvstore.replay.generate import GenConfig, generate
 from kvstore.replay.served import EngineModel, ServedConfig, ServedResult, replay_served
@@ -53,6 +60,16 @@ def req(t_ms: int, ids: Sequence[int], out: int = 0, **kw: object) -> Request:
 def full_blocks_only(reqs: Sequence[Request]) -> list[Request]:
     """The requests without the id of their partial last block (the length is kept)."""
     return [dataclasses.replace(r, hash_ids=r.hash_ids[:r.input_length // 512]) for r in reqs]
+
+
+def fleet_loop(reqs: Sequence[Request], policy: str, tiers: Sequence[TierBudget]
+               ) -> ReplayResult:
+    """The untimed loop the fleet replay (``--workers``) runs for each worker
+    (``kvstore.replay.fleet``: a ``Replayer`` over an ``EngineStore``), one worker."""
+    clock = VirtualClock()
+    cost = CostModel()
+    store = EngineStore(build_engine(policy, tiers, cost, clock), clock)
+    return asyncio.run(Replayer(store, policy, tiers, cost).run(reqs))
 
 
 def served(reqs: Sequence[Request], policy: str, engine: int, dram: int, hold: int = 0,
@@ -165,21 +182,21 @@ def test_holds_keep_a_tool_call_turn_in_the_engine(refuser: None) -> None:
 @pytest.mark.parametrize("policy", ["lru", "ttl", "workload"])
 def test_engine_blocks_0_is_the_single_tier_replay(policy: str) -> None:
     # The served loop with the engine cache off and what it adds neutralised (no time,
-    # no decode saves, the old hints) is exactly the single-tier replay, on requests
-    # whose trace blocks are all full: the served replay, as vLLM, never looks up or
-    # saves a partial last block (the single-tier replay stores it like the others).
+    # no decode saves, the old hints) is exactly the untimed single-tier loop (the one
+    # the tables before the served topology used, still the fleet replay's per worker),
+    # on requests whose trace blocks are all full: the served replay, as vLLM, never
+    # looks up or saves a partial last block (the untimed loop stores it like the others).
     reqs = full_blocks_only(generate("agent", GenConfig(sessions=25, duration_s=600.0,
                                                         seed=3, scale=0.05)))
     for cap in (20, 80):
-        old = asyncio.run(replay_offline(reqs, policy, [TierBudget("dram", cap)], CostModel()))
+        old = fleet_loop(reqs, policy, [TierBudget("dram", cap)])
         new = served(reqs, policy, engine=0, dram=cap, decode_saves=False, trust_end=True,
                      send_then=False)
         assert new.hit_blocks == old.hit_blocks and new.lookups == old.lookups
         assert new.hits_by_tier["dram"] == pytest.approx(old.hit_rate_by_tier["dram"])
         assert new.prefill_s_saved == pytest.approx(old.prefill_s_saved)
         if policy != "workload":  # its bets read the tier's bandwidth
-            hbm = asyncio.run(replay_offline(reqs, policy, [TierBudget("hbm", cap)],
-                                             CostModel()))
+            hbm = fleet_loop(reqs, policy, [TierBudget("hbm", cap)])
             assert new.hit_blocks == hbm.hit_blocks  # the published single-tier tables
 
 
@@ -274,5 +291,5 @@ def test_cli_instant_single_tier_is_the_old_replay(tmp_path: Path) -> None:
                  "--dram-blocks", "40", "--instant", "--no-decode-saves", "--trust-end",
                  "--no-then", "--json", str(out), "--no-progress"]) == 0
     row = json.loads(out.read_text())["results"][0]
-    old = asyncio.run(replay_offline(reqs, "ttl", [TierBudget("hbm", 40)], CostModel()))
+    old = fleet_loop(reqs, "ttl", [TierBudget("hbm", 40)])
     assert row["hit_blocks"] == old.hit_blocks and row["lookups"] == old.lookups

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import time
 
+from kvstore.policies import Plan, RequestInfo
+from kvstore.policies.lru import LRUPolicy
+
 from kvstore import KVStoreClient, Medium
 from tests.blocks import make_chain
 
@@ -108,3 +111,35 @@ def test_the_lookup_answers_the_policys_hbm_keep(server_factory):
     lru = server_factory(engine={"policy": "lru"})
     with KVStoreClient(lru.address) as c:  # a policy without HBM keep never keeps
         assert c.lookup("k", hashes, "s1", then="tool_call", expected_gap_ms=10).keep_ms == 0
+
+
+
+class EngineHitSpyPolicy(LRUPolicy):
+    """LRU that records what each request's lookup said the engine's own cache held."""
+
+    name = "engine-hit-spy"
+    seen: list[int | None] = []
+
+    def on_request(self, req: RequestInfo, now: float) -> Plan:
+        EngineHitSpyPolicy.seen.append(req.engine_hit)
+        return super().on_request(req, now)
+
+
+def test_the_lookup_carries_the_engines_own_hit(server_factory, monkeypatch):
+    """``num_computed_tokens`` (vLLM's own prefix-cache hit) reaches the policy as the
+    blocks the engine holds; absent, it is unknown (None), not 0."""
+    from kvstore import policies
+
+    monkeypatch.setitem(policies._REGISTRY, "engine-hit-spy",  # type: ignore[attr-defined]
+                        f"{__name__}:EngineHitSpyPolicy")
+    EngineHitSpyPolicy.seen = []
+    srv = server_factory(engine={"policy": "engine-hit-spy"})
+    chain = make_chain(4, 4 * KiB, seed=5)
+    hashes = [b.block_hash for b in chain]
+    with KVStoreClient(srv.address) as c:
+        c.put("k", chain)  # the namespace's geometry: 16-token blocks
+        tokens = len(chain[0].token_ids)
+        c.lookup("k", hashes, "s1", request_id="a", num_computed_tokens=2 * tokens + 3)
+        c.lookup("k", hashes, "s1", request_id="b", num_computed_tokens=0)
+        c.lookup("k", hashes, "s1", request_id="c")
+    assert EngineHitSpyPolicy.seen[-3:] == [2, 0, None]

@@ -136,8 +136,11 @@ def check_a_waiting_request_costs_one_lookup() -> None:
     assert len(client.lookups) == 4 and s._reqs["w"].sidecar_blocks == 3
     # Finished: a new request under the same id is a new lookup.
     s.request_finished(req, [])
-    s.get_num_new_matched_tokens(req, 0)
+    s.get_num_new_matched_tokens(req, BS)
     assert len(client.lookups) == 5
+    # Each lookup says vLLM's own prefix-cache hit (what it kept without a hold).
+    assert client.lookups[0]["num_computed_tokens"] == 0
+    assert client.lookups[-1]["num_computed_tokens"] == BS
     # lookup_max_age_s 0: every ask is a Lookup (the old behaviour, on purpose).
     eager_client = FakeClient(set())
     eager = side(eager_client, lookup_max_age_s=0.0)

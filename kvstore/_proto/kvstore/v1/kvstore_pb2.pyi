@@ -63,7 +63,7 @@ class SlotDescriptor(_message.Message):
     def __init__(self, segment: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., block_hash: _Optional[bytes] = ..., checksum: _Optional[int] = ..., slot_id: _Optional[int] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("namespace", "block_hashes", "session_id", "workload", "request_id", "num_tokens", "then", "tool", "expected_gap_ms", "hold", "lease_seconds")
+    __slots__ = ("namespace", "block_hashes", "session_id", "workload", "request_id", "num_tokens", "then", "tool", "expected_gap_ms", "hold", "lease_seconds", "num_computed_tokens")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class LookupRequest(_message.Message):
     EXPECTED_GAP_MS_FIELD_NUMBER: _ClassVar[int]
     HOLD_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
     session_id: str
@@ -86,7 +87,8 @@ class LookupRequest(_message.Message):
     expected_gap_ms: float
     hold: bool
     lease_seconds: float
-    def __init__(self, namespace: _Optional[str] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ..., request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., then: _Optional[str] = ..., tool: _Optional[str] = ..., expected_gap_ms: _Optional[float] = ..., hold: bool = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+    num_computed_tokens: int
+    def __init__(self, namespace: _Optional[str] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ..., request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., then: _Optional[str] = ..., tool: _Optional[str] = ..., expected_gap_ms: _Optional[float] = ..., hold: bool = ..., lease_seconds: _Optional[float] = ..., num_computed_tokens: _Optional[int] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
     __slots__ = ("num_hit", "media", "store_blocks", "keep_ms", "held")
