@@ -185,3 +185,28 @@ def test_a_session_in_flight_is_valued_by_the_wait_its_lookup_announced() -> Non
     assert isinstance(inner, WorkloadPolicy) and all(k in inner._t["hbm"] for k in keys)
     victims = pol.evict("hbm", 3 * B, set(), now + 5)  # the tool call still running
     assert victims == [15, 14, 13], "the user-waiting session goes first"
+
+
+def test_a_tool_wait_past_the_hour_is_worth_more_than_an_ended_session() -> None:
+    """Tool calls of this workload come back after 75 min (a build, a person approving
+    it). A session that has waited 70 min on one is still worth keeping: an ended
+    session goes first. (A return-time grid ending at an hour counted those returns as
+    never and valued the waiting session at nothing, as the ended one.)"""
+    pol = EvictionManager(WorkloadPolicy(ONE))
+    now = 0.0
+    for r in range(30):
+        s = f"train{r}"
+        request(pol, [10_000 + r], s, now, store=False)
+        pol.on_hint(Hint(s, "tool_call", "agent"), [], now)
+        request(pol, [10_000 + r], s, now + 4500.0, store=False)
+        now += 10.0
+    now += 4500.0
+    request(pol, [1, 2, 3, 4, 5], "waiting", now)
+    pol.on_hint(Hint("waiting", "tool_call", "agent"), [], now)
+    request(pol, [11, 12, 13, 14, 15], "ended", now + 1)
+    pol.on_hint(Hint("ended", "session_end", "agent"), [], now + 1)
+    later = now + 4200.0
+    inner = pol.inner
+    assert isinstance(inner, WorkloadPolicy)
+    assert inner._value_at("waiting", later) > 0.0
+    assert pol.evict("hbm", 3 * B, set(), later) == [15, 14, 13]
