@@ -71,7 +71,7 @@ prefix served from any of them (an approximation of LRU with demotion).
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Container, Hashable, Iterable, Sequence
 from typing import Any, Self
 
@@ -123,6 +123,10 @@ class LRUGhost:
                 break
             hits += 1
         move = ghost.move_to_end
+        if hits == len(keys):  # all held: each touched, last block first, in one pass
+            deque(map(move, reversed(keys)), 0)
+            self.lost = 0
+            return hits
         gone = self.gone
         lost = 0
         for k in reversed(keys):  # the engine's order: the first block ends most recent
