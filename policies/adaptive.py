@@ -232,11 +232,14 @@ class AdaptivePolicy(Policy):
 
     def _served(self, req: RequestInfo) -> int:
         worth = req.worth or self._worth
-        n = 0
-        for t in req.hit_tiers:
-            if t is None or not worth[self._order[t]]:
-                break
-            n += 1
+        tiers = req.hit_tiers
+        n = tiers.index(None) if None in tiers else len(tiers)  # the stored prefix
+        if n and not all(worth):
+            # its first tier not worth loading from ends it (one pass per such tier)
+            order = self._order
+            cut = [t for t in set(tiers[:n]) if not worth[order[t]]]
+            if cut:
+                n = min(tiers.index(t) for t in cut)
         return n
 
     def _score(self, req: RequestInfo) -> None:

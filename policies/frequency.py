@@ -63,15 +63,10 @@ class ReuseCounts:
     def add(self, keys: Sequence[Hashable]) -> bool:
         """Count one lookup of ``keys``; True when it aged every count (halved them)."""
         counts = self._counts
-        if len(set(keys)) == len(keys):
-            # Distinct keys (every chain): pop and re-append in one C-level pass each,
-            # the same counts and order as the loop below.
-            counts.update(zip(keys, map(_plus1, map(counts.pop, keys, repeat(0))), strict=True))
-        else:
-            get, move = counts.get, counts.move_to_end
-            for k in keys:
-                counts[k] = get(k, 0) + 1
-                move(k)
+        get, move = counts.get, counts.move_to_end
+        for k in keys:  # (faster than OrderedDict.update, which sets item by item)
+            counts[k] = get(k, 0) + 1
+            move(k)
         while len(counts) > self.max_tracked:
             counts.popitem(last=False)
         self._left -= len(keys)
@@ -81,10 +76,6 @@ class ReuseCounts:
         self.halvings += 1
         self._counts = OrderedDict((k, c >> 1) for k, c in counts.items() if c > 1)
         return True
-
-
-def _plus1(c: int) -> int:
-    return c + 1
 
 
 def _zero(key: Hashable, default: int) -> int:
@@ -126,21 +117,22 @@ class _Tier:
             olds = list(map(at.get, keys))
             news = list(map(count, keys, repeat(0)))
             old, c = olds[0], news[0]
-            if (old is not None and olds.count(old) == n and news.count(c) == n
-                    and len(set(keys)) == n):
-                # Distinct keys, all filed under one count and going to one: out of
-                # the old bucket and appended to the new one in order, in C (the
-                # same buckets, in the same order, as one :meth:`file` each).
-                b = buckets[old]
-                deque(map(b.__delitem__, keys), 0)
-                at.update(zip(keys, news, strict=True))
-                if c != old and not b:
-                    del buckets[old]
-                new = buckets.get(c)
-                if new is None:
-                    new = buckets[c] = {}
-                new.update(dict.fromkeys(keys))
-                return
+            if old is not None and olds.count(old) == n and news.count(c) == n:
+                moved: dict[Hashable, None] = dict.fromkeys(keys)
+                if len(moved) == n:
+                    # Distinct keys, all filed under one count and going to one: out of
+                    # the old bucket and appended to the new one in order, in C (the
+                    # same buckets, in the same order, as one :meth:`file` each).
+                    b = buckets[old]
+                    deque(map(b.__delitem__, keys), 0)
+                    at.update(zip(keys, news, strict=True))
+                    if c != old and not b:
+                        del buckets[old]
+                    new = buckets.get(c)
+                    if new is None:
+                        new = buckets[c] = {}
+                    new.update(moved)
+                    return
         for k in keys:
             old = at.get(k)
             if old is None:
@@ -214,7 +206,8 @@ class FrequencyPolicy(Policy):
                 for k in list(tr.at):
                     tr.file(k, counts[k])
         elif counts is not None:
-            hit = [k for k, t in zip(keys, req.hit_tiers, strict=True) if t is not None]
+            hit = (keys if None not in req.hit_tiers and len(keys) == len(req.hit_tiers) else
+                   [k for k, t in zip(keys, req.hit_tiers, strict=True) if t is not None])
             if hit:
                 trs = list(self._t.values())
                 cget = counts._counts.get
@@ -318,7 +311,8 @@ class FrequencyGhost:
         tr = pol._t[name]
         keys = req.keys
         at = tr.at
-        tiers: list[str | None] = [name if k in at else None for k in keys]
+        tiers: list[str | None] = ([name] * len(keys) if all(map(at.__contains__, keys))
+                                   else [name if k in at else None for k in keys])
         hits = tiers.index(None) if None in tiers else len(tiers)
         halvings = pol.counts.halvings if pol.counts is not None else 0
         plan = pol.on_request(RequestInfo(keys, tiers, req.session_id, req.workload, size,
