@@ -117,16 +117,16 @@ class LRUGhost:
     def request(self, keys: Sequence[Hashable], size: int) -> int:
         """Play one lookup as LRU would; returns its prefix hits."""
         ghost = self.keys
+        move = ghost.move_to_end
+        if all(map(ghost.__contains__, keys)):  # all held: each touched, last block
+            deque(map(move, reversed(keys)), 0)  # first, in one pass
+            self.lost = 0
+            return len(keys)
         hits = 0
         for k in keys:
             if k not in ghost:
                 break
             hits += 1
-        move = ghost.move_to_end
-        if hits == len(keys):  # all held: each touched, last block first, in one pass
-            deque(map(move, reversed(keys)), 0)
-            self.lost = 0
-            return hits
         gone = self.gone
         lost = 0
         for k in reversed(keys):  # the engine's order: the first block ends most recent

@@ -125,7 +125,8 @@ class _Tier:
                     # same buckets, in the same order, as one :meth:`file` each).
                     b = buckets[old]
                     deque(map(b.__delitem__, keys), 0)
-                    at.update(zip(keys, news, strict=True))
+                    if c != old:
+                        at.update(zip(keys, news, strict=True))
                     if c != old and not b:
                         del buckets[old]
                     new = buckets.get(c)
