@@ -11,8 +11,9 @@ groups.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from operator import itemgetter
 
 __all__ = ["Pool", "TierOwners"]
@@ -93,6 +94,17 @@ class TierOwners:
             elif owner != session or isinstance(session, Pool):
                 self._disown(key)
                 self._own(key, session)
+
+    def claim_run(self, keys: Sequence[Hashable], session: Hashable) -> None:
+        """:meth:`claim_many` of ``(keys[j], session, j)`` for every ``j``: where the
+        session owns every one of them already, only their positions, in one C-level
+        pass (a session's prefix coming back)."""
+        n = len(keys)
+        if (not isinstance(session, Pool) and all(map(self.sizes.__contains__, keys))
+                and list(map(self.owner.get, keys)).count(session) == n):
+            self.pos.update(zip(keys, range(n), strict=True))
+            return
+        self.claim_many(zip(keys, repeat(session), range(n)))
 
     def _own(self, key: Hashable, session: Hashable) -> None:
         self.owner[key] = session

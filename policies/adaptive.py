@@ -71,7 +71,7 @@ prefix served from any of them (an approximation of LRU with demotion).
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Container, Hashable, Iterable, Sequence
 from typing import Any, Self
 
@@ -117,12 +117,16 @@ class LRUGhost:
     def request(self, keys: Sequence[Hashable], size: int) -> int:
         """Play one lookup as LRU would; returns its prefix hits."""
         ghost = self.keys
+        move = ghost.move_to_end
+        if all(map(ghost.__contains__, keys)):  # all held: each touched, last block
+            deque(map(move, reversed(keys)), 0)  # first, in one pass
+            self.lost = 0
+            return len(keys)
         hits = 0
         for k in keys:
             if k not in ghost:
                 break
             hits += 1
-        move = ghost.move_to_end
         gone = self.gone
         lost = 0
         for k in reversed(keys):  # the engine's order: the first block ends most recent
@@ -228,11 +232,14 @@ class AdaptivePolicy(Policy):
 
     def _served(self, req: RequestInfo) -> int:
         worth = req.worth or self._worth
-        n = 0
-        for t in req.hit_tiers:
-            if t is None or not worth[self._order[t]]:
-                break
-            n += 1
+        tiers = req.hit_tiers
+        n = tiers.index(None) if None in tiers else len(tiers)  # the stored prefix
+        if n and not all(worth):
+            # its first tier not worth loading from ends it (one pass per such tier)
+            order = self._order
+            cut = [t for t in set(tiers[:n]) if not worth[order[t]]]
+            if cut:
+                n = min(tiers.index(t) for t in cut)
         return n
 
     def _score(self, req: RequestInfo) -> None:

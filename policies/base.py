@@ -258,8 +258,11 @@ class Policy(ABC):
 
     # -- part 2: placement (defaults: enter the fastest tier, demote one level) --
     def on_request(self, req: RequestInfo, now: float) -> Plan:
+        hit = req.hit_tiers
+        if None not in hit and len(hit) == len(req.keys):
+            return Plan({})  # (all hits: nothing to admit)
         top = self.tiers[0].name
-        return Plan({k: top for k, t in zip(req.keys, req.hit_tiers, strict=True) if t is None})
+        return Plan({k: top for k, t in zip(req.keys, hit, strict=True) if t is None})
 
     def demote_to(self, key: Hashable, tier: str, now: float) -> str | None:
         i = self._order[tier] + 1

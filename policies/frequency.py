@@ -27,8 +27,9 @@ this as its bets on sessionless traffic, guarded by its LRU ghost.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Container, Hashable, Iterator, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Container, Hashable, Iterator, Sequence
+from itertools import repeat
 from typing import Any, Self
 
 from kvstore.policies.base import BlockInfo, Plan, Policy, PolicyConfig, RequestInfo, TierSpec
@@ -63,7 +64,7 @@ class ReuseCounts:
         """Count one lookup of ``keys``; True when it aged every count (halved them)."""
         counts = self._counts
         get, move = counts.get, counts.move_to_end
-        for k in keys:
+        for k in keys:  # (faster than OrderedDict.update, which sets item by item)
             counts[k] = get(k, 0) + 1
             move(k)
         while len(counts) > self.max_tracked:
@@ -75,6 +76,10 @@ class ReuseCounts:
         self.halvings += 1
         self._counts = OrderedDict((k, c >> 1) for k, c in counts.items() if c > 1)
         return True
+
+
+def _zero(key: Hashable, default: int) -> int:
+    return 0
 
 
 class _Tier:
@@ -102,6 +107,47 @@ class _Tier:
         if new is None:
             new = self.buckets[count] = {}
         new[key] = None
+
+    def file_many(self, keys: Sequence[Hashable], count: Callable[[Hashable, int], int]
+                  ) -> None:
+        """:meth:`file` of each of ``keys`` it holds, in order, under ``count(key, 0)``."""
+        at, buckets = self.at, self.buckets
+        n = len(keys)
+        if n > 1:
+            olds = list(map(at.get, keys))
+            news = list(map(count, keys, repeat(0)))
+            old, c = olds[0], news[0]
+            if old is not None and olds.count(old) == n and news.count(c) == n:
+                moved: dict[Hashable, None] = dict.fromkeys(keys)
+                if len(moved) == n:
+                    # Distinct keys, all filed under one count and going to one: out of
+                    # the old bucket and appended to the new one in order, in C (the
+                    # same buckets, in the same order, as one :meth:`file` each).
+                    b = buckets[old]
+                    deque(map(b.__delitem__, keys), 0)
+                    if c != old:
+                        at.update(zip(keys, news, strict=True))
+                    if c != old and not b:
+                        del buckets[old]
+                    new = buckets.get(c)
+                    if new is None:
+                        new = buckets[c] = {}
+                    new.update(moved)
+                    return
+        for k in keys:
+            old = at.get(k)
+            if old is None:
+                continue
+            c = count(k, 0)
+            b = buckets[old]
+            del b[k]
+            if not b:
+                del buckets[old]
+            at[k] = c
+            new = buckets.get(c)
+            if new is None:
+                new = buckets[c] = {}
+            new[k] = None
 
     def drop(self, key: Hashable) -> None:
         old = self.at.pop(key, None)
@@ -161,12 +207,22 @@ class FrequencyPolicy(Policy):
                 for k in list(tr.at):
                     tr.file(k, counts[k])
         elif counts is not None:
-            for k, t in zip(keys, req.hit_tiers, strict=True):
-                if t is not None:
-                    for tr in self._t.values():
-                        if k in tr.at:
-                            tr.file(k, counts[k])
-        missing = [j for j, t in enumerate(req.hit_tiers) if t is None]
+            hit = (keys if None not in req.hit_tiers and len(keys) == len(req.hit_tiers) else
+                   [k for k, t in zip(keys, req.hit_tiers, strict=True) if t is not None])
+            if hit:
+                trs = list(self._t.values())
+                cget = counts._counts.get
+                if len(trs) == 1:
+                    trs[0].file_many(hit, cget)
+                else:
+                    for k in hit:
+                        for tr in trs:
+                            if k in tr.at:
+                                tr.file(k, cget(k, 0))
+        hit_tiers = req.hit_tiers
+        if None not in hit_tiers:  # (all hits: nothing to admit)
+            return Plan({})
+        missing = [j for j, t in enumerate(hit_tiers) if t is None]
         if missing and missing[-1] == len(keys) - 1 and 0 < req.last_tokens < req.block_tokens:
             missing.pop()  # a partial last block: the next turn rewrites it
         if not missing:
@@ -216,8 +272,18 @@ class FrequencyPolicy(Policy):
 
     def on_access_many(self, keys: Sequence[Hashable], tiers: Sequence[str], now: float
                        ) -> None:
+        if len(keys) != len(tiers):
+            raise ValueError(f"{len(keys)} keys but {len(tiers)} tiers")
+        if not keys:
+            return
+        get = self.counts._counts.get if self.counts is not None else _zero
+        tier = tiers[0]
+        if tiers.count(tier) == len(tiers):  # (one tier: one pass)
+            self._t[tier].file_many(keys, get)
+            return
+        trs = self._t
         for key, tier in zip(keys, tiers, strict=True):
-            self.on_access(key, tier, now)
+            trs[tier].file_many((key,), get)
 
     def on_remove(self, key: Hashable, tier: str) -> None:
         self._t[tier].drop(key)
@@ -245,16 +311,22 @@ class FrequencyGhost:
         pol, name = self.policy, self.tier
         tr = pol._t[name]
         keys = req.keys
-        hits = 0
-        for k in keys:
-            if k not in tr.at:
-                break
-            hits += 1
-        tiers: list[str | None] = [name if k in tr.at else None for k in keys]
+        at = tr.at
+        tiers: list[str | None] = ([name] * len(keys) if all(map(at.__contains__, keys))
+                                   else [name if k in at else None for k in keys])
+        hits = tiers.index(None) if None in tiers else len(tiers)
+        halvings = pol.counts.halvings if pol.counts is not None else 0
         plan = pol.on_request(RequestInfo(keys, tiers, req.session_id, req.workload, size,
                                           req.block_tokens, req.last_tokens), 0.0)
-        pol.on_access_many([k for k in keys if k in tr.at], [name] * sum(
-            1 for t in tiers if t is not None), 0.0)
+        if pol.counts is None or pol.counts.halvings != halvings:
+            # Every count halved: on_request refiled the whole tier, and the hits are
+            # touched again (without halving it refiled just the hits, in this order,
+            # under the same counts: what touching them would do again).
+            held = ([k for k, t in zip(keys, tiers, strict=True) if t is not None]
+                    if hits < len(tiers) else keys)
+            pol.on_access_many(held, [name] * len(held), 0.0)
+        if not plan.admit:
+            return hits
         new = [j for j in range(len(keys) - 1, -1, -1) if keys[j] in plan.admit]
         if not new:
             return hits

@@ -9,7 +9,7 @@ level).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Container, Hashable, Iterable, Sequence
 
 from kvstore.policies.base import BlockInfo, Policy, TierSpec
@@ -34,6 +34,11 @@ class LRUPolicy(Policy):
     def on_access_many(self, keys: Sequence[Hashable], tiers: Sequence[str], now: float
                        ) -> None:
         lrus = self._lru
+        if keys and len(keys) == len(tiers) and tiers.count(tiers[0]) == len(tiers):
+            lru = lrus[tiers[0]]  # one tier (a lookup's hits, mostly): one pass
+            if all(map(lru.__contains__, keys)):
+                deque(map(lru.move_to_end, keys), 0)
+                return
         for key, tier in zip(keys, tiers, strict=True):
             lru = lrus[tier]
             if key in lru:

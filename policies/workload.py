@@ -54,6 +54,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Container, Hashable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, Self
 
 from kvstore.policies._owners import Pool, TierOwners
@@ -317,31 +318,32 @@ class WorkloadPolicy(Policy):
         gaps: list[float] = []
         starts = 0
         claims: dict[str, list[tuple[Hashable, Hashable, int]]] = {}
-        for j, (k, t) in enumerate(zip(keys, hit, strict=True)):
-            prev = uses.get(k)
-            if prev is None:
-                prev = old_uses.get(k)
-            shared = prev is not None and prev[0] != name
-            if shared:
-                if prev is not None and prev[0] is None:
-                    gaps.append(now - prev[1])
-                starts += 1
-            uses[k] = pooled if shared else mine
-            if len(uses) > limit:
-                self._old_uses, self._uses = uses, {}
-                uses, old_uses = self._uses, self._old_uses
-            if t is not None:
-                of_tier = claims.get(t)
-                if of_tier is None:
-                    of_tier = claims[t] = []
-                of_tier.append((k, pool if shared else name, j))
+        if not self._claim_run(keys, hit, name, mine):  # (else done in C-level passes)
+            for j, (k, t) in enumerate(zip(keys, hit, strict=True)):
+                prev = uses.get(k)
+                if prev is None:
+                    prev = old_uses.get(k)
+                shared = prev is not None and prev[0] != name
+                if shared:
+                    if prev is not None and prev[0] is None:
+                        gaps.append(now - prev[1])
+                    starts += 1
+                uses[k] = pooled if shared else mine
+                if len(uses) > limit:
+                    self._old_uses, self._uses = uses, {}
+                    uses, old_uses = self._uses, self._old_uses
+                if t is not None:
+                    of_tier = claims.get(t)
+                    if of_tier is None:
+                        of_tier = claims[t] = []
+                    of_tier.append((k, pool if shared else name, j))
         for t, todo in claims.items():
             trs[t].claim_many(todo)
         if starts:
             cls = (wl, "shared", "", 0, 0)
             self.returns.returned_many(cls, gaps)
             self.returns.start(cls, starts)
-        missing = [j for j, t in enumerate(hit) if t is None]
+        missing = [j for j, t in enumerate(hit) if t is None] if None in hit else []
         if missing and missing[-1] == len(keys) - 1 and 0 < req.last_tokens < req.block_tokens:
             missing.pop()  # a partial last block: the next turn rewrites it
         admit: dict[Hashable, str] = {}
@@ -362,6 +364,41 @@ class WorkloadPolicy(Policy):
                     admit[keys[next(it)]] = spec.name
                 left -= n
         return Plan(admit, keep_s=self._keep_s(s, req, admit))
+
+    def _claim_run(self, keys: Sequence[Hashable], hit: Sequence[str | None],
+                   name: Hashable, mine: tuple[Hashable, float]) -> bool:
+        """:meth:`on_request`'s walk over the keys in C-level passes, for the common
+        case only (False: nothing done): the session's prefix back (each key last used
+        by this session, none shared), then keys never seen, the hits a prefix of
+        them in one tier. The same uses, claims and positions as the walk."""
+        n = len(keys)
+        if not n or len(hit) != n:
+            return False
+        uses = self._uses
+        prevs = list(map(uses.get, keys))
+        fresh = prevs.count(None)
+        m = n - fresh  # keys known, a prefix
+        if m:
+            p0 = prevs[0]
+            if p0 is None or p0[0] != name or prevs.count(p0) != m:
+                return False
+        if len(uses) + fresh > self.max_sessions * 10:
+            return False  # (the walk would turn a generation over)
+        if fresh:
+            if prevs.index(None) != m:
+                return False
+            if list(map(self._old_uses.get, keys[m:])).count(None) != fresh:
+                return False
+        nh = n - hit.count(None)  # hits, a prefix in one tier
+        if nh and (hit[0] is None or hit.count(hit[0]) != nh
+                   or (nh < n and hit.index(None) != nh)):
+            return False
+        uses.update(zip(keys, repeat(mine)))
+        if nh:
+            t0 = hit[0]
+            assert t0 is not None
+            self._t[t0].claim_run(keys[:nh] if nh < n else keys, name)
+        return True
 
     # -- the HBM keep -------------------------------------------------------------------
     @staticmethod

@@ -1,0 +1,262 @@
+"""The one-pass (C-level) paths of the default policy's hot loops decide exactly as the
+per-key loops they stand for: the same plans, leader, scores and eviction orders on a
+generated mix of named and unnamed sessions, shared prefixes, partial hits and two
+tiers. The reference below is the per-key code those paths replaced (issue 25)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Hashable, Sequence
+from itertools import repeat
+from typing import Any
+
+from kvstore.policies import frequency as freq_mod
+from kvstore.policies._owners import TierOwners
+from kvstore.policies.adaptive import AdaptivePolicy, LRUGhost
+from kvstore.policies.base import BlockInfo, Plan, RequestInfo, TierSpec
+from kvstore.policies.frequency import FrequencyGhost, FrequencyPolicy
+from kvstore.policies.lru import LRUPolicy
+from kvstore.policies.workload import WorkloadPolicy
+
+TIERS = [TierSpec("dram", 24, 20e9), TierSpec("disk", 60, 3e9)]
+
+
+# -- the per-key reference --------------------------------------------------------------
+class _RefTier(freq_mod._Tier):
+    def file_many(self, keys: Sequence[Hashable], count: Any) -> None:
+        for k in keys:
+            if k in self.at:
+                self.file(k, count(k, 0))
+
+
+class _RefGhostLRU(LRUGhost):
+    def request(self, keys: Sequence[Hashable], size: int) -> int:
+        ghost = self.keys
+        hits = 0
+        for k in keys:
+            if k not in ghost:
+                break
+            hits += 1
+        lost = 0
+        for k in reversed(keys):
+            if k in ghost:
+                ghost.move_to_end(k)
+            else:
+                n = self.gone.pop(k, None)
+                if n is not None:
+                    lost += 1
+                    self.gone_used -= n
+                self.used += size
+                ghost[k] = size
+        while self.used > self.capacity and ghost:
+            k, n = ghost.popitem(last=False)
+            self.used -= n
+            self.gone[k] = n
+            self.gone_used += n
+        while self.gone_used > self.capacity and self.gone:
+            self.gone_used -= self.gone.popitem(last=False)[1]
+        self.lost = lost
+        return hits
+
+
+class _RefFrequency(FrequencyPolicy):
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self._t = {t.name: _RefTier(t.capacity_bytes) for t in self.tiers}
+
+    def on_access_many(self, keys: Sequence[Hashable], tiers: Sequence[str], now: float
+                       ) -> None:
+        for key, tier in zip(keys, tiers, strict=True):
+            self.on_access(key, tier, now)
+
+
+class _RefFrequencyGhost(FrequencyGhost):
+    def __init__(self, capacity: int) -> None:
+        self.tier = "ghost"
+        self.policy = _RefFrequency([TierSpec(self.tier, capacity)])
+
+    def request(self, req: RequestInfo, size: int) -> int:
+        pol, name = self.policy, self.tier
+        tr = pol._t[name]
+        keys = req.keys
+        hits = 0
+        for k in keys:
+            if k not in tr.at:
+                break
+            hits += 1
+        tiers: list[str | None] = [name if k in tr.at else None for k in keys]
+        plan = pol.on_request(RequestInfo(keys, tiers, req.session_id, req.workload, size,
+                                          req.block_tokens, req.last_tokens), 0.0)
+        pol.on_access_many([k for k in keys if k in tr.at], [name] * sum(
+            1 for t in tiers if t is not None), 0.0)
+        new = [j for j in range(len(keys) - 1, -1, -1) if keys[j] in plan.admit]
+        if not new:
+            return hits
+        need = len(new) * size - (tr.capacity - tr.used)
+        if need > 0:
+            own = set(keys)
+            gone = []
+            for v in tr.order():
+                if need <= 0:
+                    break
+                if v in own:
+                    continue
+                gone.append(v)
+                need -= tr.sizes[v]
+            for v in gone:
+                tr.drop(v)
+        for j in new:
+            if tr.used + size > tr.capacity:
+                break
+            pol.on_insert(BlockInfo(keys[j], size), name, 0.0)
+        return hits
+
+
+class _RefWorkload(WorkloadPolicy):
+    def _claim_run(self, *a: Any) -> bool:
+        return False  # always the per-key walk
+
+
+class _RefLRU(LRUPolicy):
+    def on_request(self, req: RequestInfo, now: float) -> Plan:
+        top = self.tiers[0].name
+        return Plan({k: top for k, t in zip(req.keys, req.hit_tiers, strict=True) if t is None})
+
+    def on_access_many(self, keys: Sequence[Hashable], tiers: Sequence[str], now: float
+                       ) -> None:
+        for key, tier in zip(keys, tiers, strict=True):
+            lru = self._lru[tier]
+            if key in lru:
+                lru.move_to_end(key)
+
+
+class _RefAdaptive(AdaptivePolicy):
+    def __init__(self, tiers: Sequence[TierSpec]) -> None:
+        super().__init__(tiers)
+        self.bets = _RefWorkload(tiers, self.cost, hbm_keep_max_s=10.0)
+        self.freq = _RefFrequency(tiers, self.cost)
+        self.lru = _RefLRU(tiers)
+        self._bettor = self.bets
+
+    def _start(self, block_bytes: int) -> LRUGhost:
+        super()._start(block_bytes)
+        self._ghost = _RefGhostLRU(self._ghost.capacity)  # type: ignore[union-attr]
+        self._fghost = _RefFrequencyGhost(self._ghost.capacity)
+        return self._ghost
+
+    def _served(self, req: RequestInfo) -> int:
+        worth = req.worth or self._worth
+        n = 0
+        for t in req.hit_tiers:
+            if t is None or not worth[self._order[t]]:
+                break
+            n += 1
+        return n
+
+
+# -- the check ----------------------------------------------------------------------------
+def _state(p: AdaptivePolicy) -> tuple[Any, ...]:
+    def tiers_of(pol: Any) -> list[Any]:
+        out = []
+        for name, tr in pol._t.items():
+            if isinstance(tr, TierOwners):
+                out.append((name, list(tr.owner.items()), list(tr.pos.items()),
+                            [(s, list(b)) for s, b in tr._blocks.items()]))
+            else:
+                out.append((name, list(tr.at.items()),
+                            sorted((c, list(b)) for c, b in tr.buckets.items())))
+        return out
+
+    counts = p.freq.counts
+    return (p.leader, p.switches, p.advantage, p.count_advantage, p.room_lost,
+            p._bettor.name, list(p.bets._uses.items()), list(p.bets._old_uses.items()),
+            tiers_of(p.bets), tiers_of(p.freq),
+            list(counts._counts.items()) if counts is not None else None,
+            [(t, list(o)) for t, o in p.lru._lru.items()],
+            None if p._ghost is None else (list(p._ghost.keys), list(p._ghost.gone)),
+            None if p._fghost is None else tiers_of(p._fghost.policy))
+
+
+def _drive(seed: int, steps: int) -> int:
+    rng = random.Random(seed)
+    fast, ref = AdaptivePolicy(TIERS), _RefAdaptive(TIERS)
+    fast.bets.max_sessions = ref.bets.max_sessions = 8  # uses turn over every 80 keys
+    stored: dict[str, set[Hashable]] = {t.name: set() for t in TIERS}
+    chains: dict[int, list[Hashable]] = {}
+    fast_walks = [0]
+    walk = fast.bets._claim_run
+
+    def counted(*a: Any) -> bool:
+        done = walk(*a)
+        fast_walks[0] += done
+        return done
+
+    fast.bets._claim_run = counted  # type: ignore[method-assign]
+    for step in range(steps):
+        sid = rng.randrange(10)
+        chain = chains.setdefault(sid, [("sys", j) for j in range(rng.choice((0, 3, 6)))])
+        chain.extend((sid, step, j) for j in range(rng.choice((0, 1, 4, 12))))
+        keys = list(chain)
+        if rng.random() < 0.05 and keys:
+            keys.append(keys[0])  # a repeated key: the loops' order, not a set's
+        if not keys:
+            continue
+        first: list[str | None] = [next((t.name for t in TIERS if k in stored[t.name]), None)
+                                   for k in keys]
+        nhit = first.index(None) if None in first else len(first)
+        hit = first[:nhit] + [None] * (len(keys) - nhit)
+        named = rng.random() < (0.8 if (step // 100) % 2 == 0 else 0.15)  # phases
+        req = RequestInfo(keys, hit, f"s{sid}" if named else f"anon{sid}", "chat", 1, 16,
+                          rng.choice((16, 5)), session_named=named,
+                          worth=(True, False) if rng.random() < 0.1 else ())
+        plans = [p.on_request(req, float(step)) for p in (fast, ref)]
+        assert plans[0] == plans[1], step
+        assert list(plans[0].admit.items()) == list(plans[1].admit.items()), step
+        back = keys[nhit - 1::-1] if nhit else []
+        for p in (fast, ref):
+            p.on_access_many(back, hit[nhit - 1::-1] if nhit else [], float(step))  # type: ignore[arg-type]
+        for k, t in plans[0].admit.items():
+            if any(k in s for s in stored.values()):
+                continue
+            cap = next(s.capacity_bytes for s in TIERS if s.name == t)
+            if len(stored[t]) >= cap:
+                order = [list(p.victims(t, set(keys), float(step))) for p in (fast, ref)]
+                assert order[0] == order[1], step
+                v = next((v for v in order[0] if v not in keys), None)
+                if v is None:
+                    continue
+                stored[t].discard(v)
+                for p in (fast, ref):
+                    p.on_remove(v, t)
+            stored[t].add(k)
+            for p in (fast, ref):
+                p.on_insert(BlockInfo(k, 1, None, req.session_id, "chat", 16, len(keys)), t,
+                            float(step))
+        if rng.random() < 0.1:  # a block dropped (expiry, deletion) out of turn
+            t = rng.choice(TIERS).name
+            if stored[t]:
+                v = rng.choice(sorted(stored[t], key=repr))
+                stored[t].discard(v)
+                for p in (fast, ref):
+                    p.on_remove(v, t)
+        assert _state(fast) == _state(ref), step
+    return fast_walks[0]
+
+
+def test_one_pass_paths_decide_as_the_per_key_loops() -> None:
+    for seed in range(3):
+        assert _drive(seed, 400) > 0
+
+
+def test_owners_claim_run_is_claim_many() -> None:
+    a, b = TierOwners(100), TierOwners(100)
+    for tr in (a, b):
+        for j in range(6):
+            tr.add(("k", j), 1, "s" if j < 4 else "t", j)
+    keys = [("k", j) for j in range(6)] + [("x", 0)]
+    a.claim_run(keys[:4], "s")  # owned already: positions only
+    b.claim_many(zip(keys[:4], repeat("s"), range(4)))
+    a.claim_run(keys, "s")  # some of another session, one not stored
+    b.claim_many(zip(keys, repeat("s"), range(7)))
+    assert (a.owner, a.pos, list(a.blocks_of("s"))) == (b.owner, b.pos, list(b.blocks_of("s")))
+    assert not a.blocks_of("t")
