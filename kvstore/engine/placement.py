@@ -12,11 +12,12 @@ whole prefix, so what it reports stored is reachable after a restart. Retention
 retained blocks are shielded from the policy's victims, go last (demoted, oldest
 deadline first), and the policy's own drops skip them.
 
-Why one module past ~400 lines: room, eviction, copies and drops call one another
-(a demotion is a copy that makes room below; a copy into a persistent tier first
-copies the block's prefix; a drop waits for the copies and readers that hold the
-bytes) and share one bookkeeping of copies in flight and deferred frees. Split
-apart, each part would reach into the others' state.
+The primitives are split by part, one class each, that :class:`Placement` puts
+together over its one bookkeeping of copies in flight and deferred frees: room and
+eviction (:mod:`kvstore.engine.room`), background transfers
+(:mod:`kvstore.engine.transfers`), and here the state, the copies, drops and reads they
+call (a demotion is a copy that makes room below; a copy into a persistent tier first
+copies the block's prefix; a drop waits for the copies and readers that hold the bytes).
 """
 
 from __future__ import annotations
@@ -33,22 +34,21 @@ from kvstore.engine.durability import RecoveryPoint, WriteHealth
 from kvstore.engine.eviction import EvictionManager
 from kvstore.engine.index import Entry, Index
 from kvstore.engine.leases import Leases
-from kvstore.engine.mover import Mover, Transfer
+from kvstore.engine.mover import Mover
 from kvstore.engine.observe import SharedHooks
-from kvstore.engine.quotas import OtherTenants, Quota, Quotas
-from kvstore.engine.retention import Retention, RetentionLimits, Shielded
+from kvstore.engine.quotas import Quota, Quotas
+from kvstore.engine.retention import Retention, RetentionLimits
+from kvstore.engine.room import Protected, Room
 from kvstore.engine.stats import EngineStats
+from kvstore.engine.transfers import Transfers
 from kvstore.errors import (
     BlockNotFound,
     DataCorruption,
     KVStoreError,
-    QuotaExceeded,
-    TierFull,
     Unavailable,
 )
 from kvstore.events import EventSink
-from kvstore.policies import Move, Policy
-from kvstore.tiers._common import check_size
+from kvstore.policies import Policy
 from kvstore.tiers.base import PersistentTier, SlotTier, Tier
 from kvstore.types import BlockKey, BlockMeta, Medium
 
@@ -56,26 +56,8 @@ __all__ = ["Placement", "Protected"]
 
 log = logging.getLogger("kvstore.engine")
 
-_MAX_EVICTION_ROUNDS = 64
 
-
-class Protected(Container[Hashable]):
-    """Keys no eviction may take: pinned by a lease, being copied, reserved, or
-    ``extra`` (the blocks of the request being stored). Checked lazily, key by key."""
-
-    __slots__ = ("_extra", "_owner")
-
-    def __init__(self, owner: Placement, extra: Container[Hashable] = ()) -> None:
-        self._owner = owner
-        self._extra = extra
-
-    def __contains__(self, key: object) -> bool:
-        o = self._owner
-        return (key in self._extra or key in o.leases.pins or key in o._in_flight
-                or key in o.leases.reserved)
-
-
-class Placement:
+class Placement(Room, Transfers):
     """Tiers, index, policy and the primitives that move bytes between them."""
 
     def __init__(self, tiers: Sequence[Tier], policy: Policy | EvictionManager,
@@ -152,61 +134,6 @@ class Placement:
                 if entry is None or tier_name not in entry.tiers:
                     await self.tiers[tier_name].delete(key)
 
-    # -- capacity -------------------------------------------------------------------
-    def copying(self, tier_name: str) -> bool:
-        """Whether blocks of ``tier_name`` are being copied to another tier now (they
-        are pinned until the copy ends)."""
-        for key in self._in_flight:
-            entry = self.index.get(key)
-            if entry is not None and tier_name in entry.tiers:
-                return True
-        return False
-
-    async def make_room(self, tier_name: str, size: int,
-                        extra: Container[Hashable] = (), namespace: str = "",
-                        quota_pending: int = 0) -> None:
-        """Evict (demoting where the policy says) until ``size`` bytes fit in the tier;
-        keys in ``extra`` are not evicted. With ``namespace`` under a quota, its tenant's
-        own blocks go first until the tenant stays within its limit there, counting
-        ``quota_pending`` bytes it holds there but not yet in the index (reserved
-        slots). Raises TierFull when nothing more can go (QuotaExceeded when the
-        quota is what cannot be met)."""
-        if namespace and self.quotas:
-            await self._within_quota(namespace, tier_name, size + quota_pending, extra)
-        tier = self.tiers[tier_name]
-        if tier.can_fit(size):
-            return
-        check_size(tier_name, tier.capacity_bytes, size)  # BlockTooLargeForTier
-        protected = Protected(self, extra)
-        for _ in range(_MAX_EVICTION_ROUNDS):
-            need = max(size - (tier.capacity_bytes - tier.used_bytes), 1)
-            now = self.clock()
-            victims = self._victims(tier_name, need, protected, now)
-            if not victims:
-                break
-            await self._evict(victims, tier_name, now, extra)
-            if tier.can_fit(size):
-                return
-        raise TierFull(
-            f"tier {tier_name!r} is full ({tier.used_bytes}/{tier.capacity_bytes} bytes) "
-            f"and nothing evictable frees {size} bytes: the rest is pinned or in flight")
-
-    def _victims(self, tier_name: str, need: int, protected: Protected,
-                 now: float) -> Sequence[Hashable] | None:
-        """The policy's victims with retained blocks shielded; when it finds none, the
-        retained blocks that must go (the oldest deadline first), as few as the
-        unshielded bytes leave short."""
-        retention = self.retention
-        shield = retention.shield(tier_name, self.index, now) if retention else frozenset()
-        victims: Sequence[Hashable] | None = self.policy.evict(
-            tier_name, need, Shielded(protected, shield) if shield else protected, now)
-        if victims or not shield:
-            return victims
-        index = self.index
-        shielded = sum(e.meta.size for k in shield if (e := index.get(k)) is not None)
-        short = need - (self.tiers[tier_name].used_bytes - shielded)
-        return retention.victims(tier_name, index, max(short, 1), protected, now)
-
     @property
     def persistent(self) -> set[str]:
         """Tiers that survive a restart."""
@@ -219,75 +146,6 @@ class Placement:
     def _next_tier(self, tier_name: str) -> str | None:
         i = self._rank[tier_name] + 1
         return self.order[i] if i < len(self.order) else None
-
-    def fits_quota(self, namespace: str, tier_name: str, size: int) -> bool:
-        return not self.quotas or self.quotas.excess(namespace, tier_name, size) == 0
-
-    async def _within_quota(self, namespace: str, tier_name: str, size: int,
-                            extra: Container[Hashable]) -> None:
-        """Evict the tenant's own blocks from the tier (the policy picks them, every other
-        tenant's protected) until ``size`` more bytes keep it within its quota there."""
-        quotas = self.quotas
-        found = quotas.limit(namespace, tier_name)
-        if found is None:
-            return
-        quota, limit = found
-        counter = (quota.prefix, tier_name)
-        if size <= limit:
-            protected = OtherTenants(Protected(self, extra), quotas, quota)
-            for _ in range(_MAX_EVICTION_ROUNDS):
-                need = quotas.excess(namespace, tier_name, size)
-                if need <= 0:
-                    return
-                now = self.clock()
-                victims = self.policy.evict(tier_name, need, protected, now)
-                if not victims:
-                    break
-                quotas.evictions[counter] += await self._evict(victims, tier_name, now, extra)
-            if quotas.excess(namespace, tier_name, size) <= 0:
-                return
-        quotas.refused[counter] += 1
-        raise QuotaExceeded(
-            f"namespace {namespace!r} is at its quota in tier {tier_name!r} (prefix "
-            f"{quota.prefix!r}: {quotas.used(quota, tier_name)}/{limit} bytes) and none of "
-            f"its own blocks there can make room for {size} bytes")
-
-    async def _evict(self, victims: Sequence[Hashable], tier_name: str, now: float,
-                     extra: Container[Hashable] = ()) -> int:
-        """Demote the victims where the policy says, parents first (so the slower tier
-        announces a chain head first), then drop them here, children first (so this
-        tier's chains shrink from their ends). The room a demotion makes below spares
-        ``extra`` too. Returns how many were dropped here."""
-        # Victims were chosen before the awaits below: skip any that became pinned or
-        # started moving since.
-        keys = [k for k in victims if isinstance(k, BlockKey) and not self.is_protected(k)]
-        dropped = 0
-        for key in reversed(keys):
-            entry = self.index.get(key)
-            if entry is None or tier_name not in entry.tiers:
-                continue
-            dst = self.policy.demote_to(key, tier_name, now)
-            if self.retention.active(key, now):
-                self.retention.evicted += 1
-                dst = dst or self._next_tier(tier_name)  # retained: demoted, never dropped
-            if dst is not None and dst not in entry.tiers:
-                try:
-                    await self.copy(entry, tier_name, dst, extra)
-                except Exception as exc:  # a failed demotion degrades to a drop: said so
-                    self.stats.demotions_failed += 1
-                    self.health.copy_failed("demotion (the block is dropped)", key,
-                                            tier_name, dst, exc, demotion=True)
-        for key in keys:
-            entry = self.index.get(key)
-            if entry is None or tier_name not in entry.tiers:
-                self.policy.on_remove(key, tier_name)
-                continue
-            if key in self._in_flight:
-                continue  # another copy of it started meanwhile; leave it, evict others
-            self.stats.evictions[tier_name] += 1
-            dropped += 1
-            await self._drop(key, tier_name)
-        return dropped
 
     # -- placement --------------------------------------------------------------------
     async def put_into(self, tier_name: str, meta: BlockMeta, payload: bytes | memoryview
@@ -444,57 +302,3 @@ class Placement:
                 continue
             return payload
         return None
-
-    # -- background transfers -------------------------------------------------------------
-    async def run_transfer(self, t: Transfer) -> None:
-        """Execute one mover transfer, re-checking state (things change while queued)."""
-        entry = self.index.get(t.key)
-        if entry is None or t.src not in entry.tiers:
-            return
-        if t.key in self._in_flight:
-            return  # already being copied (a demotion or promotion does the same work)
-        if not t.keep_src and t.key in self.leases.pins:
-            return  # being read: a move away would pull it from under the reader
-        if t.dst is not None and t.dst not in entry.tiers:
-            try:
-                await self.copy(entry, t.src, t.dst, t.protect)
-            except Exception as exc:  # counted here by cause; the mover warns and counts it
-                self.health.copy_failed(t.reason, t.key, t.src, t.dst, exc, warn=False)
-                raise
-        if not t.keep_src and self.index.get(t.key) is not None:
-            await self._drop(t.key, t.src)
-
-    def schedule(self, moves: Sequence[Move], reason: str) -> int:
-        """Queue the policy's moves. A drop (``dst=None``) drops every copy: with
-        write-back a block may sit in several tiers, and the policy sees the fastest.
-        A move up (a prefetch) keeps the slower copy, as write-back would make it."""
-        n = 0
-        rank = self._rank
-        now = self.clock()
-        for m in moves:
-            if not isinstance(m.key, BlockKey):
-                continue
-            if m.dst is None and self.retention.active(m.key, now):
-                continue  # retained: the policy's drop waits for the deadline
-            entry = self.index.get(m.key)
-            srcs = list(entry.tiers) if (m.dst is None and entry is not None) else [m.src]
-            for src in srcs:
-                up = m.dst is not None and rank.get(m.dst, len(rank)) < rank.get(src, -1)
-                n += self.mover.submit(Transfer(m.key, src, m.dst, keep_src=up, reason=reason))
-        return n
-
-    def after_store(self, entry: Entry) -> None:
-        """Write-back: queue a copy of a new block where the policy would demote it
-        (the next slower tier by default), so an eviction later is a drop; and the
-        write-through to a shared tier, if there is one."""
-        if self.shared is not None:
-            self.shared.after_store(entry)
-        src = entry.tiers[0]
-        now = self.clock()
-        if self.write_back:
-            dst = self.policy.demote_to(entry.key, src, now)
-            if dst is not None:
-                self.mover.submit(Transfer(entry.key, src, dst, keep_src=True,
-                                           reason="write-back"))
-        if self.recovery is not None and src not in self._persistent:
-            self.recovery.stored(entry.key, now)
