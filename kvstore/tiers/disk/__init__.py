@@ -1,6 +1,7 @@
 """The disk tier as a package: one module per part of the segment store.
 
 - :mod:`.tier`: :class:`DiskTier`, the tier interface over the parts below;
+- :mod:`.writes`, :mod:`.startup`: its write path and its first operation's recovery;
 - :mod:`.format`: the on-disk layout (records, footers, kill lists);
 - :mod:`.segment`: blocking I/O on segment files (``O_DIRECT``, punch, footers);
 - :mod:`.log`: the group commit that appends records;

@@ -42,18 +42,18 @@ nothing indexed, every other block untouched. ``fsync=False`` (benchmarks
 only) skips the syncs: a crash may then lose acknowledged blocks, though never
 serve a torn one.
 
-This module is one class, a little past 400 lines, on purpose: what is left here is
-the state its parts share (the index, the in-flight byte count, the segment map) and
-the tier interface over it; each part that runs on its own (format, segment I/O,
-group commit, index encoding, compaction, recovery) is already its own module in
-this package, and splitting the class further would hand those shared fields around.
+The tier is one class over the state its parts share (the index, the in-flight byte
+count, the segment map), put together from its parts: the write path
+(:mod:`kvstore.tiers.disk.writes`), the first operation's recovery
+(:mod:`kvstore.tiers.disk.startup`), and here the reads, deletes, closing and the
+internals they share. Each part that runs on its own (format, segment I/O, group
+commit, index encoding, compaction, recovery) is its own module in this package.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
-import gc
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -63,28 +63,27 @@ from typing import Any
 import xxhash
 
 from kvstore.errors import BlockNotFound, DataCorruption, TierFull, TierUnavailable
-from kvstore.tiers._common import as_bytes_view, check_put, gather_all, tier_full
+from kvstore.tiers._common import gather_all
 from kvstore.tiers.base import Tier
 from kvstore.tiers.disk.compact import Compactor, Killer
-from kvstore.tiers.disk.format import BadSegment, Footer, RecordMeta
+from kvstore.tiers.disk.format import BadSegment, RecordMeta
 from kvstore.tiers.disk.index import (
     KeyTable,
-    load_footers,
     offset_of,
-    pack,
-    position,
     record_len_of,
     seg_of,
     size_of,
 )
-from kvstore.tiers.disk.log import ChangedPayload, GroupWriter, Segment, Write
-from kvstore.tiers.disk.recover import RecoveryReport, recover_root
+from kvstore.tiers.disk.log import GroupWriter, Segment
+from kvstore.tiers.disk.recover import RecoveryReport
 from kvstore.tiers.disk.segment import (
     default_segment_bytes,
     lift_fd_limit,
     make_private_dir,
     read_record,
 )
+from kvstore.tiers.disk.startup import Startup
+from kvstore.tiers.disk.writes import Writes
 from kvstore.types import BlockKey, BlockMeta, Medium, Workload
 
 __all__ = ["DiskTier", "default_segment_bytes"]
@@ -94,7 +93,7 @@ log = logging.getLogger(__name__)
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
-class DiskTier(Tier):
+class DiskTier(Writes, Startup, Tier):
     """Tier and :class:`~kvstore.tiers.base.PersistentTier` over segments under ``root``."""
 
     medium = Medium.DISK
@@ -162,63 +161,6 @@ class DiskTier(Tier):
     def can_fit(self, size: int) -> bool:
         return self._reads is not None and 0 < size <= self._capacity - self.used_bytes
 
-    async def put(self, meta: BlockMeta, payload: bytes | memoryview) -> None:
-        await self._ready()
-        fut = self._submit(meta, payload)
-        try:
-            await asyncio.shield(fut)  # a cancelled caller's write still lands in the index
-        except (OSError, ChangedPayload) as exc:
-            raise self._write_error(meta, exc) from exc
-
-    def _submit(self, meta: BlockMeta, payload: bytes | memoryview) -> asyncio.Future[None]:
-        """Validate, check capacity and queue one block (no await: capacity checks of
-        a batch see each other's reservations)."""
-        view = as_bytes_view(payload)
-        size = check_put(self.name, self._capacity, meta, view)
-        if self._reads is None:
-            raise TierUnavailable(f"tier {self.name!r} is closed")
-        k = self._keys.key_for_store(meta.key.namespace, meta.key.block_hash)
-        old = self._map.get(k)
-        freed = size_of(old) if old is not None else 0
-        if self.used_bytes - freed + size > self._capacity:
-            raise tier_full(self.name, size, self.used_bytes, self._capacity)
-        self._inflight += size
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        fut.add_done_callback(lambda _f: self._release_inflight(size))
-        self._writer.submit(Write(meta, view, fut))
-        return fut
-
-    def _write_error(self, meta: BlockMeta, exc: BaseException) -> BaseException:
-        if isinstance(exc, OSError):
-            return self._io_error(exc, f"writing block {meta.key}", meta.size)
-        if isinstance(exc, ChangedPayload):
-            return DataCorruption(
-                f"block {meta.key} was not written to tier {self.name!r}: {exc} (the source "
-                "buffer changed or was corrupted before the write; nothing was stored)")
-        return exc
-
-    def _release_inflight(self, size: int) -> None:
-        self._inflight -= size
-
-    def _commit(self, w: Write, seg: Segment, offset: int, checksum: int) -> None:
-        """A record is durable: index it (unless a newer record of its key is)."""
-        m = w.meta
-        k = self._keys.key_for_store(m.key.namespace, m.key.block_hash)
-        loc = pack(seg.seg_id, offset, w.record_len, m.size)
-        cur = self._map.get(k)
-        stale = (cur != w.expect) if w.expect is not None else (
-            cur is not None and position(cur) > position(loc))
-        if stale:  # replaced or deleted meanwhile: this record is dead on arrival
-            self._killer.kill(seg, loc, counted=False)
-            return
-        self._map[k] = loc
-        seg.live_count += 1
-        seg.live_bytes += w.record_len
-        if cur is not None:
-            self._used -= size_of(cur)
-            self._kill(cur)
-        self._used += m.size
-
     async def get(self, key: BlockKey) -> memoryview:
         await self._ready()
         k, loc = self._find(key)
@@ -272,26 +214,6 @@ class DiskTier(Tier):
         await self._kill(loc)
         return True
 
-    async def put_many(self, items: Sequence[tuple[BlockMeta, bytes | memoryview]]) -> None:
-        """Queue every block at once (they share group commits), wait for all, then
-        raise the first failure, if any."""
-        await self._ready()
-        first: BaseException | None = None
-        waiting: list[tuple[BlockMeta, asyncio.Future[None]]] = []
-        for meta, payload in items:
-            try:
-                waiting.append((meta, self._submit(meta, payload)))
-            except Exception as exc:
-                first = first or exc
-        if waiting:
-            await asyncio.wait([f for _, f in waiting])
-        for meta, fut in waiting:
-            failure = fut.exception()
-            if failure is not None and first is None:
-                first = self._write_error(meta, failure)
-        if first is not None:
-            raise first
-
     async def get_many(self, keys: Sequence[BlockKey]) -> list[bytes | memoryview]:
         return list(await gather_all([self.get(k) for k in keys]))
 
@@ -324,66 +246,7 @@ class DiskTier(Tier):
             if not (self._killer.busy or self._compactor.busy or self._writer.busy):
                 return
 
-    # ---- PersistentTier -----------------------------------------------------------
-    async def recover(self) -> list[BlockMeta]:
-        """Metadata of every stored block. The first call (once per instance; any
-        operation makes it) reads the segments' footers and kill lists and builds
-        the index; later calls read the footers again."""
-        metas = await self._recover_once()
-        return metas if metas is not None else await self._compactor.list_metas()
-
-    async def _recover_once(self) -> list[BlockMeta] | None:
-        """Build the index unless it is built; the metas when this call built it."""
-        async with self._recover_lock:
-            if self._reads is None:
-                raise TierUnavailable(f"tier {self.name!r} is closed")
-            if self._recovered:
-                return None
-            # Recovery makes millions of objects that live on: the cyclic GC would
-            # rescan the growing heap again and again while they are built.
-            frozen = gc.isenabled()
-            gc.disable()
-            try:
-                report = await self._run(recover_root, self.root, self._direct, self._sync)
-                metas = self._load(report)
-            finally:
-                if frozen:
-                    gc.enable()
-            self._recovered = True
-            return metas
-
-    def _load(self, report: RecoveryReport) -> list[BlockMeta]:
-        self.skipped += len(report.skipped)
-        self.damaged += report.damaged + report.torn
-        loaded = load_footers(report, self._keys, self._map)
-        for rs in report.segments:
-            seg = Segment(rs.file, rs.file.size, sealed=True, footer=rs.has_footer,
-                          kills=rs.kills)
-            seg.live_count, seg.live_bytes = loaded.live[seg.seg_id]
-            self._segments[seg.seg_id] = seg
-        self._used = loaded.used
-        for prev in loaded.superseded:  # older records of a key: dead now
-            self._kill(prev)
-        self._writer.next_id = report.next_id
-        for seg in list(self._segments.values()):
-            self._on_sealed(seg)
-        for rs in report.segments:  # the footers' entries are not needed any more
-            rs.footer = Footer([], [])
-            rs.killed = set()
-        self.report = report
-        log.info("tier %r: %d blocks in %d segments recovered in %.2fs (%d scanned, %d entries "
-                 "skipped, %d damaged records dropped)", self.name, len(self._map),
-                 len(self._segments), report.seconds, report.scanned, len(report.skipped),
-                 report.damaged + report.torn)
-        return loaded.metas
-
     # ---- internals ----------------------------------------------------------------
-    async def _ready(self) -> None:
-        if self._reads is None:
-            raise TierUnavailable(f"tier {self.name!r} is closed")
-        if not self._recovered:
-            await self._recover_once()
-
     def _find(self, key: BlockKey) -> tuple[int, int]:
         k = self._keys.key(key)
         loc = self._map.get(k) if k is not None else None
