@@ -10,8 +10,10 @@ block bytes, in place), :mod:`.layout` (block addressing in any KV layout),
 :mod:`.rows` (strided host copies), :mod:`.hostkv` / :mod:`.devicekv` (moving
 blocks between KV tensors in host or device memory and slots), :mod:`.loads`,
 :mod:`.saves` (the off-step save queue), :mod:`.plans` and :mod:`.metadata`
-(scheduler -> worker plans), :mod:`.scheduler`, :mod:`.worker`,
-:mod:`.connector`. Only the last three and :mod:`.metadata` import vLLM.
+(scheduler -> worker plans), :mod:`.scheduler` (with its parts :mod:`.steps`,
+:mod:`.turnend` and the records they share, :mod:`.tracking`), :mod:`.worker`,
+:mod:`.connector`. Only the scheduler side, the worker, the connector and
+:mod:`.metadata` import vLLM.
 """
 
 from __future__ import annotations

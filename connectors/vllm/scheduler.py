@@ -34,9 +34,11 @@ gap, or 0), next to the requests preempted that step. Its turn-end hint waits
 until its saves are reported, so a hint that moves or drops the session's
 blocks never races its last saves.
 
-Why past ~400 lines: this is one vLLM interface (the scheduler half of
-``KVConnectorBase_V1``), whose hooks share each request's state; what is pure is
-already apart (:mod:`.plans`, :mod:`.sessions`, :mod:`.metadata`, :mod:`.rows`).
+The scheduler half of ``KVConnectorBase_V1`` is one class whose hooks share each
+request's state; its parts are apart: the lookup, the load plan at allocation and the
+HBM hold budget here, the per-step metadata and reports in :mod:`.steps`, the end of a
+turn in :mod:`.turnend`, the records they share in :mod:`.tracking`; what is pure is in
+:mod:`.plans`, :mod:`.sessions`, :mod:`.metadata`, :mod:`.rows`.
 """
 
 from __future__ import annotations
@@ -44,90 +46,29 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvstore.connectors.vllm import threads
 from kvstore.connectors.vllm.config import ConnectorConfig
-from kvstore.connectors.vllm.metadata import (
-    BlockSave,
-    KVStoreConnectorMetadata,
-    LoadPlan,
-    SavePlan,
-    WorkerReport,
-)
-from kvstore.connectors.vllm.sessions import SessionTracker, TurnInfo, finished_turn
+from kvstore.connectors.vllm.metadata import LoadPlan
+from kvstore.connectors.vllm.sessions import SessionTracker
 from kvstore.connectors.vllm.sidecar import SidecarLink
+from kvstore.connectors.vllm.steps import Steps
+from kvstore.connectors.vllm.tracking import Totals, _PendingHint, _Tracked
+from kvstore.connectors.vllm.turnend import TurnEnd
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-    from vllm.v1.core.sched.output import SchedulerOutput
-    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
     from kvstore.client import LookupResult
 
-__all__ = ["SchedulerSide"]
+__all__ = ["SchedulerSide", "Totals"]
 
 logger = logging.getLogger("kvstore.connectors.vllm")
 
 
-@dataclass(slots=True)
-class _Tracked:
-    """What the scheduler side knows about one live request."""
-
-    request: Request
-    turn: TurnInfo
-    sidecar_blocks: int = 0  # leading blocks the sidecar is known to hold
-    load_start: int = 0  # first block of the planned load (from the lookup)
-    load_blocks: int = 0  # blocks the lookup offered to load
-    block_ids: list[int] | None = None
-    next_save: int = 0  # first block not yet planned for saving
-    planned_load_blocks: int = 0
-    loading: bool = False  # an asynchronous load in flight (vLLM frees its blocks)
-    async_loads: int = 0  # asynchronous loads the workers reported received
-    loaded_blocks: int = 0  # confirmed by the workers (may arrive after the finish)
-    load_failed_blocks: int = 0
-    saved_blocks: int = 0
-    save_failed_blocks: int = 0
-    load_ms: float = 0.0
-    load_bytes: int = 0
-    hit_media: tuple[str, ...] = ()  # fastest tier of each sidecar hit block
-    saves_planned: int = 0  # blocks handed to the workers to save
-    keep_ms: float = 0.0  # HBM keep the sidecar's policy decided at the lookup
-    #: The last lookup's answer while the request waits: (monotonic time, hashes
-    #: asked, answer; None when the sidecar could not answer).
-    answer: tuple[float, int, LookupResult | None] | None = None
-
-
-@dataclass(slots=True)
-class _PendingHint:
-    turn: TurnInfo
-    left: int  # blocks whose save is not reported yet
-
-
-@dataclass(slots=True)
-class Totals:
-    """What the workers reported since the engine started (all requests)."""
-
-    loaded_blocks: int = 0
-    load_failed_blocks: int = 0
-    saved_blocks: int = 0
-    save_failed_blocks: int = 0
-    load_ms: float = 0.0
-    load_bytes: int = 0
-    save_ms: float = 0.0
-    save_bytes: int = 0
-    preempted_requests: int = 0  # counted by the scheduler side
-    lookup_asks: int = 0  # vLLM's asks for waiting requests (get_num_new_matched_tokens)
-    lookups_sent: int = 0  # Lookup calls they cost (the rest answered from the last one)
-    async_loads: int = 0  # requests reported received by get_finished
-
-    def as_dict(self) -> dict[str, float]:
-        return {name: round(getattr(self, name), 3) for name in self.__slots__}
-
-
-class SchedulerSide:
+class SchedulerSide(TurnEnd, Steps):
     def __init__(
         self,
         config: ConnectorConfig,
@@ -265,208 +206,6 @@ class SchedulerSide:
         # Loaded blocks are in the sidecar already: never save them back.
         tracked.next_save = max(tracked.next_save, start + n)
 
-    # -- per step ---------------------------------------------------------------
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVStoreConnectorMetadata:
-        meta = KVStoreConnectorMetadata(
-            loads=self._loads,
-            holds=self._holds,
-            preempted=set(getattr(scheduler_output, "preempted_req_ids", None) or ()),
-            idle=getattr(scheduler_output, "total_num_scheduled_tokens", 1) == 0,
-        )
-        self._loads, self._holds = [], {}
-        self.totals.preempted_requests += len(meta.preempted)
-        for req_id in meta.preempted:
-            preempted = self._reqs.get(req_id)
-            if preempted is not None:
-                preempted.answer = None
-        scheduled = scheduler_output.num_scheduled_tokens
-        for new_req in scheduler_output.scheduled_new_reqs:
-            tracked = self._reqs.get(new_req.req_id)
-            if tracked is None:
-                continue
-            tracked.block_ids = list(new_req.block_ids[0])
-            after = new_req.num_computed_tokens + scheduled.get(new_req.req_id, 0)
-            self._plan_save(meta, tracked, after)
-        cached = scheduler_output.scheduled_cached_reqs
-        for i, req_id in enumerate(cached.req_ids):
-            tracked = self._reqs.get(req_id)
-            if tracked is None:
-                continue
-            new_ids = cached.new_block_ids[i]
-            if req_id in cached.resumed_req_ids:
-                tracked.block_ids = list(new_ids[0]) if new_ids is not None else []
-            elif new_ids is not None:
-                tracked.block_ids = (tracked.block_ids or []) + list(new_ids[0])
-            after = cached.num_computed_tokens[i] + scheduled.get(req_id, 0)
-            self._plan_save(meta, tracked, after)
-        return meta
-
-    def _plan_save(self, meta: KVStoreConnectorMetadata, tracked: _Tracked, after: int) -> None:
-        """Save the blocks this step fills (their KV exists once its forward ran)."""
-        if not self.config.save or not tracked.block_ids:
-            return
-        request = tracked.request
-        hashes = request.block_hashes
-        full = min(after // self.block_size, len(hashes), len(tracked.block_ids))
-        start = max(tracked.next_save, tracked.sidecar_blocks)
-        if full <= start:
-            tracked.next_save = max(tracked.next_save, full)
-            return
-        bs = self.block_size
-        tokens = request.all_token_ids
-        blocks = tuple(
-            BlockSave(
-                block_hash=bytes(hashes[i]),
-                parent_hash=bytes(hashes[i - 1]) if i else None,
-                token_ids=tuple(tokens[i * bs : (i + 1) * bs]),
-                block_id=tracked.block_ids[i],
-            )
-            for i in range(start, full)
-        )
-        tracked.next_save = full
-        tracked.saves_planned += len(blocks)
-        turn = tracked.turn
-        meta.saves.append(SavePlan(request.request_id, turn.session_id, turn.workload, blocks))
-
-    def update_connector_output(self, output: KVConnectorOutput) -> None:
-        report = getattr(output, "kv_connector_worker_meta", None)
-        if isinstance(report, WorkerReport):
-            self._take_report(report)
-        # A request reported finished has no save left anywhere: send its hint.
-        for req_id in getattr(output, "finished_sending", None) or ():
-            self._hint_now(req_id)
-        for req_id in getattr(output, "finished_recving", None) or ():
-            self.totals.async_loads += 1
-            tracked = self._reqs.get(req_id)
-            if tracked is not None:
-                tracked.loading = False
-                tracked.async_loads += 1
-
-    def _take_report(self, report: WorkerReport) -> None:
-        totals = self.totals
-        totals.loaded_blocks += sum(report.loaded.values())
-        totals.load_failed_blocks += sum(report.load_failed.values())
-        totals.saved_blocks += sum(report.saved.values())
-        totals.save_failed_blocks += sum(report.save_failed.values())
-        totals.load_ms += sum(report.load_ms.values())
-        totals.load_bytes += sum(report.load_bytes.values())
-        totals.save_ms += report.save_ms
-        totals.save_bytes += report.save_bytes
-        for req_id, n in report.loaded.items():
-            if req_id in self._reqs:
-                self._reqs[req_id].loaded_blocks += n
-        for req_id, n in report.load_failed.items():
-            if req_id in self._reqs:
-                self._reqs[req_id].load_failed_blocks += n
-        for req_id, n in report.saved.items():
-            if req_id in self._reqs:
-                tracked = self._reqs[req_id]
-                tracked.saved_blocks += n
-        for req_id, ms in report.load_ms.items():
-            if req_id in self._reqs:
-                self._reqs[req_id].load_ms += ms
-                self._reqs[req_id].load_bytes += report.load_bytes.get(req_id, 0)
-        for req_id, n in report.save_failed.items():
-            if req_id in self._reqs:
-                self._reqs[req_id].save_failed_blocks += n
-        for counts in (report.saved, report.save_failed):
-            for req_id, n in counts.items():
-                pending = self._hint_after_saves.get(req_id)
-                if pending is not None:
-                    pending.left -= n
-                    if pending.left <= 0:
-                        self._hint_now(req_id)
-
-    def _hint_now(self, req_id: str) -> None:
-        pending = self._hint_after_saves.pop(req_id, None)
-        if pending is not None:
-            self._hints.submit(self._send_hint, pending.turn, req_id)
-
-    # -- end of a turn ------------------------------------------------------------
-    def request_finished(
-        self, request: Request, block_ids: list[int]
-    ) -> tuple[bool, dict[str, Any] | None]:
-        tracked = self._reqs.pop(request.request_id, None)
-        if tracked is None:
-            turn = self.sessions.classify(request.kv_transfer_params, request.block_hashes)
-            tracked = _Tracked(request=request, turn=turn)
-        turn, event_source = self._turn_end(request, tracked.turn)
-        self.sessions.turn_finished(turn, request.block_hashes)
-        # Finished while its load runs: vLLM keeps its blocks until the workers
-        # report it received; a hold of ours too would free them twice.
-        hold_ms = 0.0 if tracked.loading else self._hold_ms(
-            request.request_id, tracked, len(block_ids))
-        # Blocks handed to the workers may still be in their save queues: vLLM must
-        # keep them until the workers say the saves are done.
-        saving = bool(block_ids) and tracked.saves_planned > 0 and not tracked.loading
-        delay = hold_ms > 0 or saving
-        if delay:
-            self._holds[request.request_id] = hold_ms / 1000.0
-        left = tracked.saves_planned - tracked.saved_blocks - tracked.save_failed_blocks
-        # A turn nobody described and whose end the engine did not see: no hint (its
-        # ``user`` is a default, not information; see TurnInfo.described).
-        hint = self.config.hints and (event_source != "default" or turn.described)
-        if hint and saving and left > 0:
-            # The hint may move or drop the session's blocks: send it once the
-            # turn's last blocks are stored (their reports, or the request's
-            # transfers reported done), so no save lands after it.
-            self._hint_after_saves[request.request_id] = _PendingHint(turn, left)
-        elif hint:
-            self._hints.submit(self._send_hint, turn, request.request_id)
-        if turn.cache_ttl_s and request.block_hashes:
-            # Blocks still being saved are protected once they land (the sidecar keeps
-            # the ask until then).
-            self._hints.submit(self._send_retain, [bytes(h) for h in request.block_hashes],
-                               turn.cache_ttl_s)
-        bs = self.block_size
-        params = {
-            "kvstore": {
-                "session_id": turn.session_id,
-                "session_inferred": turn.inferred,
-                "workload": turn.workload,
-                "event": turn.event,
-                # What decided the event: stop_token / token_sequence (a tool-call
-                # marker), stop (stopped without one), params, default.
-                "event_source": event_source,
-                "event_claimed": tracked.turn.event,
-                "sidecar_hit_tokens": tracked.sidecar_blocks * bs,
-                "hit_media": {m: tracked.hit_media.count(m) for m in set(tracked.hit_media)},
-                # A failed sync load reschedules the request and an asynchronous
-                # one reports its failures with its receive, so by its finish every
-                # failure is known; confirmations of a sync load's last step are not.
-                "loaded_tokens": (tracked.planned_load_blocks - tracked.load_failed_blocks) * bs,
-                "load_failed_tokens": tracked.load_failed_blocks * bs,
-                "load_ms": round(tracked.load_ms, 3),
-                # Loads reported received off the step (get_finished), none if sync.
-                "async_loads": tracked.async_loads,
-                "load_bytes": tracked.load_bytes,
-                "saved_blocks": tracked.saved_blocks,
-                "save_failed_blocks": tracked.save_failed_blocks,
-                "held_ms": hold_ms,
-                "keep_ms": tracked.keep_ms,  # what the policy decided
-                "cache_ttl_s": turn.cache_ttl_s,
-                "held_blocks": sum(n for n, _ in self._held.values()),
-                "held_blocks_max": self.held_blocks_max,
-                "hold_budget_blocks": self.hold_budget,
-                "sidecar_up": self.link.is_up,
-                # Everything the workers reported so far, all requests together
-                # (saves finish after their request does: read them here).
-                "totals": self.totals.as_dict(),
-            }
-        }
-        return delay, params
-
-    def _turn_end(self, request: Request, claimed: TurnInfo) -> tuple[TurnInfo, str]:
-        """The hint's event from what the engine saw (:func:`~.sessions.finished_turn`)."""
-        status = getattr(request, "status", None)
-        return finished_turn(
-            claimed,
-            self._markers,
-            stopped=getattr(status, "name", "") == "FINISHED_STOPPED",
-            stop_reason=getattr(request, "stop_reason", None),
-            output_token_ids=getattr(request, "output_token_ids", None) or (),
-        )
-
     def _hold_ms(self, req_id: str, tracked: _Tracked, blocks: int) -> float:
         """HBM keep of a finished request: the policy's decision (``keep_ms``), capped
         by ``hold_max_ms``, made only while the blocks held stay within the budget."""
@@ -485,36 +224,6 @@ class SchedulerSide:
         self._held[req_id] = (blocks, now + keep / 1e3)
         self.held_blocks_max = max(self.held_blocks_max, held + blocks)
         return keep
-
-    def _send_hint(self, turn: TurnInfo, req_id: str) -> None:
-        started = time.monotonic()
-        moves = self.link.call(
-            "hint",
-            lambda c: c.hint(
-                turn.session_id,
-                turn.event,
-                workload=turn.workload,
-                tool=turn.tool,
-                expected_gap_ms=turn.expected_gap_ms,
-                namespace=self.namespace,
-                request_id=req_id,  # ends the request the lookup opened
-            ),
-            0,
-        )
-        logger.debug(
-            "kvstore: hint %s %s (%s) -> %d moves in %.1f ms",
-            turn.session_id,
-            turn.event,
-            turn.workload,
-            moves,
-            (time.monotonic() - started) * 1e3,
-        )
-
-    def _send_retain(self, hashes: list[bytes], ttl_s: float) -> None:
-        protected = self.link.call("retain", lambda c: c.retain(self.namespace, hashes, ttl_s),
-                                   0)
-        logger.debug("kvstore: retained %d of %d blocks for %.0f s", protected, len(hashes),
-                     ttl_s)
 
     def shutdown(self) -> None:
         for req_id in list(self._hint_after_saves):
