@@ -12,9 +12,10 @@ The LMCache-facing classes import LMCache (and torch); they load only when asked
 for, so the pure parts (settings, key mapping, the fail-open link) import without
 it. Modules: :mod:`.config` (settings), :mod:`.keys` (CacheEngineKey -> namespace
 and block hash), :mod:`.link` (fail-open sidecar calls), :mod:`.ahead` (slots a
-contains held for the get after it), :mod:`.connector` (the ``RemoteConnector``),
-:mod:`.adapter` (how LMCache finds it), :mod:`.cpu_kv` (LMCache's engine on CPU
-tensors, for standalone runs). The measurements are tools: :mod:`kvstore.tools.lmcache`.
+contains held for the get after it), :mod:`.connector` (the ``RemoteConnector``;
+its get side in :mod:`.reads`), :mod:`.adapter` (how LMCache finds it),
+:mod:`.cpu_kv` (LMCache's engine on CPU tensors, for standalone runs). The
+measurements are tools: :mod:`kvstore.tools.lmcache`.
 """
 
 from __future__ import annotations
