@@ -35,10 +35,10 @@ until its saves are reported, so a hint that moves or drops the session's
 blocks never races its last saves.
 
 The scheduler half of ``KVConnectorBase_V1`` is one class whose hooks share each
-request's state; its parts are apart: the lookup, the load plan at allocation and the
-HBM hold budget here, the per-step metadata and reports in :mod:`.steps`, the end of a
-turn in :mod:`.turnend`, the records they share in :mod:`.tracking`; what is pure is in
-:mod:`.plans`, :mod:`.sessions`, :mod:`.metadata`, :mod:`.rows`.
+request's state, put together from its parts: the lookup, the load plan at allocation
+and the HBM hold budget here, the per-step metadata and reports in :mod:`.steps`, the
+end of a turn in :mod:`.turnend`, the records they share in :mod:`.tracking`; what is
+pure is in :mod:`.plans`, :mod:`.sessions`, :mod:`.metadata`, :mod:`.rows`.
 """
 
 from __future__ import annotations
