@@ -54,10 +54,10 @@ class Holding(InPlace):
         """:meth:`lookup`, and the ``num_hit`` leading blocks held as
         :meth:`hold_in_place` holds them, in one round trip: for a reader that looks
         up a prefix and reads it at once. The lookup counts for the policy as any
-        other (``num_computed_tokens`` as :meth:`lookup` takes it). The held read (None when nothing is held: no hit, or no shared memory)
-        has one entry per leading block; a block the lookup found in a tier shared
-        between hosts is not held (its view is None, outside ``elsewhere``): read it
-        with :meth:`get_each`."""
+        other (``num_computed_tokens`` as :meth:`lookup` takes it). The held read
+        (None when nothing is held: no hit, or no shared memory) has one entry per
+        leading block; a block the lookup found in a tier shared between hosts is not
+        held (its view is None, outside ``elsewhere``): read it with :meth:`get_each`."""
         hashes = [bytes(h) for h in hashes]
         hold = self.uses_shared_memory
         resp: pb.LookupResponse = self._call(self._stub.Lookup, pb.LookupRequest(
