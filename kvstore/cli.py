@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import importlib
 import json
 import logging
@@ -40,18 +39,14 @@ def _serve(args: argparse.Namespace) -> int:
     import faulthandler
 
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` dumps every thread's stack
-    try:
-        import uvloop
+    from kvstore.server.app import run_served
 
-        uvloop.install()
-    except ImportError:  # pragma: no cover - non-Linux
-        pass
-    asyncio.run(_run_server(cfg))
+    run_served(_run_server(cfg))
     return 0
 
 
 async def _run_server(cfg: Any) -> None:
-    from kvstore.server.app import KVStoreServer
+    from kvstore.server.app import KVStoreServer, settle_startup
 
     server = KVStoreServer(cfg)
     stop = asyncio.Event()
@@ -60,12 +55,7 @@ async def _run_server(cfg: Any) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         await server.start()
-        # What start-up made (modules, stubs, the recovered index) lives as long as the
-        # process: keep it out of the collector's full passes, which otherwise walk it on
-        # the event loop (measured: 70 ms pauses under a save storm). The process's
-        # own choice, so here and not in KVStoreServer (tests run many in one process).
-        gc.collect()
-        gc.freeze()
+        settle_startup()
         print(f"kvstore listening on {cfg.server.listen} (port {server.port}); "
               f"metrics on :{server.metrics_port or 'off'}; data dir {cfg.data_dir}; "
               f"{server.recovered} blocks recovered", flush=True)

@@ -11,6 +11,7 @@ groups.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -98,12 +99,19 @@ class TierOwners:
     def claim_run(self, keys: Sequence[Hashable], session: Hashable) -> None:
         """:meth:`claim_many` of ``(keys[j], session, j)`` for every ``j``: where the
         session owns every one of them already, only their positions, in one C-level
-        pass (a session's prefix coming back)."""
+        pass (a session's prefix coming back); where a pool does (distinct keys: a
+        shared prefix coming back), their positions and each its newest, in C too."""
         n = len(keys)
-        if (not isinstance(session, Pool) and all(map(self.sizes.__contains__, keys))
+        if (all(map(self.sizes.__contains__, keys))
                 and list(map(self.owner.get, keys)).count(session) == n):
-            self.pos.update(zip(keys, range(n), strict=True))
-            return
+            pool = isinstance(session, Pool)
+            if not pool or len(set(keys)) == n:
+                self.pos.update(zip(keys, range(n), strict=True))
+                if pool:  # out of the pool's order and back at its end, in order
+                    blocks = self._blocks[session]
+                    deque(map(blocks.__delitem__, keys), 0)
+                    blocks.update(dict.fromkeys(keys))
+                return
         self.claim_many(zip(keys, repeat(session), range(n)))
 
     def _own(self, key: Hashable, session: Hashable) -> None:

@@ -210,15 +210,11 @@ class FrequencyPolicy(Policy):
             hit = (keys if None not in req.hit_tiers and len(keys) == len(req.hit_tiers) else
                    [k for k, t in zip(keys, req.hit_tiers, strict=True) if t is not None])
             if hit:
-                trs = list(self._t.values())
+                # Each tier refiles the hits it holds, in order (the tiers' filings are
+                # independent: the same as key by key, tier by tier, in C-level passes).
                 cget = counts._counts.get
-                if len(trs) == 1:
-                    trs[0].file_many(hit, cget)
-                else:
-                    for k in hit:
-                        for tr in trs:
-                            if k in tr.at:
-                                tr.file(k, cget(k, 0))
+                for tr in self._t.values():
+                    tr.file_many(hit, cget)
         hit_tiers = req.hit_tiers
         if None not in hit_tiers:  # (all hits: nothing to admit)
             return Plan({})

@@ -55,6 +55,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Container, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
+from operator import itemgetter, sub
 from typing import Any, Self
 
 from kvstore.policies._owners import Pool, TierOwners
@@ -71,6 +72,8 @@ from kvstore.policies.base import (
 from kvstore.policies.cost import CostModel
 from kvstore.policies.holds import HoldLedger, PendingHold
 from kvstore.policies.returns import ReturnTimes
+
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 __all__ = ["WorkloadPolicy"]
 
@@ -318,7 +321,11 @@ class WorkloadPolicy(Policy):
         gaps: list[float] = []
         starts = 0
         claims: dict[str, list[tuple[Hashable, Hashable, int]]] = {}
-        if not self._claim_run(keys, hit, name, mine):  # (else done in C-level passes)
+        if self._claim_run(keys, hit, name, mine):
+            pass  # (the session's own prefix back: done in C-level passes)
+        elif (run := self._pooled_run(keys, hit, name, pool, pooled)) is not None:
+            gaps, starts = run, len(run)  # (a prefix of the pool's: C-level passes too)
+        else:
             for j, (k, t) in enumerate(zip(keys, hit, strict=True)):
                 prev = uses.get(k)
                 if prev is None:
@@ -399,6 +406,34 @@ class WorkloadPolicy(Policy):
             assert t0 is not None
             self._t[t0].claim_run(keys[:nh] if nh < n else keys, name)
         return True
+
+    def _pooled_run(self, keys: Sequence[Hashable], hit: Sequence[str | None],
+                    name: Hashable, pool: Pool, pooled: tuple[None, float]
+                    ) -> list[float] | None:
+        """:meth:`on_request`'s walk in C-level passes for its other common case (None:
+        nothing done): every key distinct and last used by the workload's pool (a
+        prefix shared between sessions, as a system prompt is), the hits a prefix of
+        them in one tier. The same uses and claims as the walk; returns the keys'
+        reuse gaps (each key a shared start)."""
+        n = len(keys)
+        if not n or len(hit) != n or name is None:
+            return None
+        uses = self._uses
+        prevs: list[Any] = list(map(uses.get, keys))  # (no None past the check)
+        if None in prevs or list(map(_FIRST, prevs)).count(None) != n:
+            return None
+        if len(uses) > self.max_sessions * 10 or len(set(keys)) != n:
+            return None
+        nh = n - hit.count(None)  # hits, a prefix in one tier
+        if nh and (hit[0] is None or hit.count(hit[0]) != nh
+                   or (nh < n and hit.index(None) != nh)):
+            return None
+        uses.update(zip(keys, repeat(pooled)))
+        if nh:
+            t0 = hit[0]
+            assert t0 is not None
+            self._t[t0].claim_run(keys[:nh] if nh < n else keys, pool)
+        return list(map(sub, repeat(pooled[1]), map(_SECOND, prevs)))
 
     # -- the HBM keep -------------------------------------------------------------------
     @staticmethod

@@ -48,21 +48,22 @@ class Holding(InPlace):
 
     def lookup_and_hold(self, namespace: str, hashes: Sequence[bytes],
                         session_id: str | None = None, workload: str | None = None, *,
-                        request_id: str | None = None, lease_seconds: float = 0.0
+                        request_id: str | None = None, lease_seconds: float = 0.0,
+                        num_computed_tokens: int | None = None
                         ) -> tuple[LookupResult, HeldRead | None]:
         """:meth:`lookup`, and the ``num_hit`` leading blocks held as
         :meth:`hold_in_place` holds them, in one round trip: for a reader that looks
         up a prefix and reads it at once. The lookup counts for the policy as any
-        other. The held read (None when nothing is held: no hit, or no shared memory)
-        has one entry per leading block; a block the lookup found in a tier shared
-        between hosts is not held (its view is None, outside ``elsewhere``): read it
-        with :meth:`get_each`."""
+        other (``num_computed_tokens`` as :meth:`lookup` takes it). The held read
+        (None when nothing is held: no hit, or no shared memory) has one entry per
+        leading block; a block the lookup found in a tier shared between hosts is not
+        held (its view is None, outside ``elsewhere``): read it with :meth:`get_each`."""
         hashes = [bytes(h) for h in hashes]
         hold = self.uses_shared_memory
         resp: pb.LookupResponse = self._call(self._stub.Lookup, pb.LookupRequest(
             namespace=namespace, block_hashes=hashes, session_id=session_id or "",
             workload=workload or "", request_id=request_id or "", hold=hold,
-            lease_seconds=lease_seconds))
+            lease_seconds=lease_seconds, num_computed_tokens=num_computed_tokens))
         found = LookupResult.from_pb(resp)
         if not (hold and resp.HasField("held")):
             return found, None

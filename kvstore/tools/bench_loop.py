@@ -2,17 +2,22 @@
 
 What a call costs the server's event loop, timed as the loop thread's CPU time
 (``time.thread_time``) rather than wall time, so that other jobs on a shared machine
-move it little: the servicer's Lookup of 1,000 stored hashes (request parsed and
-response serialised as gRPC would), and Reserve, Commit (with the writer's checksums,
-as the client sends them) and Acquire per block of a batch. The server is the real one
-(:class:`~kvstore.server.app.KVStoreServer`, DRAM only, its default policy) on this
-process's loop; only the transport is left out, which ``kvstore bench`` times with it.
+move it little: the Lookup of 1,000 stored hashes (request parsed and response
+serialised as gRPC would; without a session, as ``kvstore bench`` sends it, and with
+one), and Reserve, Commit (with the writer's checksums, as the client sends them) and
+Acquire per block of a batch. Everything but the transport is the served path: the
+server is :class:`~kvstore.server.app.KVStoreServer` on the embedded defaults
+``kvstore serve`` starts with (DRAM and disk; ``--dram-only``: the server ``kvstore
+bench`` starts), on the loop ``kvstore serve`` runs (:func:`~kvstore.server.app.run_served`),
+and every call goes to the servicer object its gRPC server runs
+(``KVStoreServer.servicer``), after the blocks were written back to disk.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import statistics
@@ -22,7 +27,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "run"]
+from kvstore.server.app import run_served
+
+__all__ = ["main", "run", "served_config"]
 
 
 class _Context:
@@ -43,29 +50,53 @@ def _cpu_us(samples: list[float], per: int) -> dict[str, float]:
     return {"min_us": round(s[0], 2), "p50_us": round(statistics.median(s), 2)}
 
 
-async def _run(lookups: int, block: int, blocks: int, batches: int) -> dict[str, Any]:
+def served_config(data_dir: str, batch_bytes: int = 0, dram_only: bool = False) -> Any:
+    """``kvstore serve``'s embedded defaults (the environment's ``KVSTORE_*`` ignored) on
+    ``data_dir``, a free loopback port, no metrics port and loopback event sockets; the
+    DRAM tier grown to hold two batches of ``batch_bytes`` if its default would not.
+    ``dram_only``: no disk tier (the server ``kvstore bench`` starts)."""
+    from kvstore.config import load_config
+    from kvstore.tiers.dramconfig import DramConfig
+    from kvstore.tools.harness import free_port
+
+    overrides: dict[str, Any] = {
+        "data_dir": data_dir,
+        "server": {"listen": f"127.0.0.1:{free_port()}", "metrics_port": 0},
+        "events": {"endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"}}
+    if 2 * batch_bytes + (64 << 20) > DramConfig().capacity:
+        overrides["dram"] = {"capacity": 2 * batch_bytes + (64 << 20)}
+    if dram_only:
+        overrides["disk"] = {"enabled": False}
+    return load_config(env={}, overrides=overrides)
+
+
+async def _written_back(eng: Any, namespace: str, hashes: list[bytes],
+                        within_s: float = 30.0) -> None:
+    """Until every block of ``hashes`` is in every tier (the disk write-back done: the
+    state a served lookup of them finds), or ``within_s``."""
+    deadline = time.monotonic() + within_s
+    blocks = eng.index.blocks_of(namespace)
+    while time.monotonic() < deadline and not all(
+            len(blocks[h].tiers) == len(eng.tiers) for h in hashes if h in blocks):
+        await asyncio.sleep(0.05)
+
+
+async def _run(lookups: int, block: int, blocks: int, batches: int, dram_only: bool
+               ) -> dict[str, Any]:
     import xxhash
 
     from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
-    from kvstore.config import load_config
-    from kvstore.server.app import KVStoreServer
-    from kvstore.server.servicer import KVStoreServicer
-    from kvstore.tools.harness import free_port
+    from kvstore.server.app import KVStoreServer, settle_startup
     from kvstore.tools.measure import make_blocks
 
     data = tempfile.mkdtemp(prefix="kvstore-bench-loop-")
-    capacity = max(512 << 20, 2 * block * blocks + (64 << 20))
-    cfg = load_config(env={}, overrides={
-        "data_dir": data, "disk": {"enabled": False}, "dram": {"capacity": capacity},
-        "events": {"enabled": False},
-        "server": {"listen": f"127.0.0.1:{free_port()}", "metrics_port": 0}})
-    srv = KVStoreServer(cfg)
+    srv = KVStoreServer(served_config(data, block * blocks, dram_only))
     await srv.start()
+    settle_startup()
     ctx = _Context()
     try:
-        assert srv.engine is not None
-        eng = srv.engine
-        sv = KVStoreServicer(eng, srv.events, srv.profile)
+        assert srv.engine is not None and srv.servicer is not None
+        eng, sv = srv.engine, srv.servicer
         # -- Lookup of 1,000 stored hashes --------------------------------------------
         chain = make_blocks(1000, 4096, seed=3)
         put = pb.PutRequest(namespace="bench-lookup")
@@ -78,17 +109,20 @@ async def _run(lookups: int, block: int, blocks: int, batches: int) -> dict[str,
             yield put
 
         await sv.Put(one_put(), ctx)
-        wire = pb.LookupRequest(namespace="bench-lookup",
-                                block_hashes=[b.block_hash for b in chain]).SerializeToString()
-        lookup_cpu: list[float] = []
-        for i in range(lookups + 20):
-            t = time.thread_time()
-            resp = await sv.Lookup(pb.LookupRequest.FromString(wire), ctx)
-            resp.SerializeToString()
-            if i >= 20:  # (the first ones warm up)
-                lookup_cpu.append(time.thread_time() - t)
-            if resp.num_hit != 1000:
-                raise RuntimeError(f"lookup found {resp.num_hit} of 1000")
+        await _written_back(eng, "bench-lookup", [b.block_hash for b in chain])
+        lookup_cpu: dict[str, list[float]] = {"": [], "bench-session": []}
+        for session, cpu_of in lookup_cpu.items():
+            wire = pb.LookupRequest(namespace="bench-lookup", session_id=session,
+                                    block_hashes=[b.block_hash for b in chain]
+                                    ).SerializeToString()
+            for i in range(lookups + 20):
+                t = time.thread_time()
+                resp = await sv.Lookup(pb.LookupRequest.FromString(wire), ctx)
+                resp.SerializeToString()
+                if i >= 20:  # (the first ones warm up)
+                    cpu_of.append(time.thread_time() - t)
+                if resp.num_hit != 1000:
+                    raise RuntimeError(f"lookup found {resp.num_hit} of 1000")
         # -- Reserve / Commit / Acquire per block ---------------------------------------
         batch = make_blocks(blocks, block, seed=1)
         sums = [xxhash.xxh3_64_intdigest(b.payload) for b in batch]
@@ -131,18 +165,21 @@ async def _run(lookups: int, block: int, blocks: int, batches: int) -> dict[str,
                 cpu["acquire"].append(t_acquire)
         return {
             "load_average": round(os.getloadavg()[0], 2), "policy": eng.policy.name,
-            "lookup_1000": {"calls": lookups, **{k.replace("_us", "_ms"): round(v / 1e3, 3)
-                                                 for k, v in _cpu_us(lookup_cpu, 1).items()}},
+            "tiers": list(eng.tiers),
+            **{key: {"calls": lookups, **{k.replace("_us", "_ms"): round(v / 1e3, 3)
+                                          for k, v in _cpu_us(lookup_cpu[session], 1).items()}}
+               for key, session in (("lookup_1000", ""), ("lookup_1000_named", "bench-session"))},
             "per_block": {"block": block, "blocks": blocks, "batches": batches,
                           **{op: _cpu_us(v, blocks) for op, v in cpu.items()}},
         }
     finally:
         await srv.stop(0)
+        gc.unfreeze()  # (a process that goes on, a test's: its objects collected again)
 
 
-def run(lookups: int = 300, block: int = 64 << 10, blocks: int = 512, batches: int = 10
-        ) -> dict[str, Any]:
-    return asyncio.run(_run(lookups, block, blocks, batches))
+def run(lookups: int = 300, block: int = 64 << 10, blocks: int = 512, batches: int = 10,
+        dram_only: bool = False) -> dict[str, Any]:
+    return run_served(_run(lookups, block, blocks, batches, dram_only))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,12 +188,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-kib", type=int, default=64, help="block size, KiB (default 64)")
     p.add_argument("--blocks", type=int, default=512, help="blocks per batch (default 512)")
     p.add_argument("--batches", type=int, default=10, help="batches timed (default 10)")
+    p.add_argument("--dram-only", action="store_true",
+                   help="no disk tier (the server kvstore bench starts)")
     p.add_argument("--json", help="write the results as JSON here")
     args = p.parse_args(argv)
-    r = run(args.lookups, args.block_kib << 10, args.blocks, args.batches)
-    lk, pb_ = r["lookup_1000"], r["per_block"]
-    print(f"event-loop CPU per call (policy {r['policy']}, load {r['load_average']}):")
-    print(f"  Lookup of 1,000 stored hashes: p50 {lk['p50_ms']:.3f} ms, min {lk['min_ms']:.3f} ms")
+    r = run(args.lookups, args.block_kib << 10, args.blocks, args.batches, args.dram_only)
+    pb_ = r["per_block"]
+    print(f"event-loop CPU per call (policy {r['policy']}, tiers {'+'.join(r['tiers'])}, "
+          f"load {r['load_average']}):")
+    for key, what in (("lookup_1000", "no session"), ("lookup_1000_named", "a session")):
+        lk = r[key]
+        print(f"  Lookup of 1,000 stored hashes, {what}: p50 {lk['p50_ms']:.3f} ms, "
+              f"min {lk['min_ms']:.3f} ms")
     print(f"  per {pb_['block'] >> 10} KiB block, batches of {pb_['blocks']}: " + ", ".join(
         f"{op} p50 {pb_[op]['p50_us']:.1f} us (min {pb_[op]['min_us']:.1f})"
         for op in ("reserve", "commit", "acquire")))

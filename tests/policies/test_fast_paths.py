@@ -116,6 +116,9 @@ class _RefWorkload(WorkloadPolicy):
     def _claim_run(self, *a: Any) -> bool:
         return False  # always the per-key walk
 
+    def _pooled_run(self, *a: Any) -> list[float] | None:
+        return None  # (nor the pool's run)
+
 
 class _RefLRU(LRUPolicy):
     def on_request(self, req: RequestInfo, now: float) -> Plan:
@@ -177,26 +180,35 @@ def _state(p: AdaptivePolicy) -> tuple[Any, ...]:
             None if p._fghost is None else tiers_of(p._fghost.policy))
 
 
-def _drive(seed: int, steps: int) -> int:
+def _drive(seed: int, steps: int) -> tuple[int, int]:
     rng = random.Random(seed)
+    shared = random.Random(seed + 1000)  # (its own draws: the rest of the mix as before)
     fast, ref = AdaptivePolicy(TIERS), _RefAdaptive(TIERS)
     fast.bets.max_sessions = ref.bets.max_sessions = 8  # uses turn over every 80 keys
     stored: dict[str, set[Hashable]] = {t.name: set() for t in TIERS}
     chains: dict[int, list[Hashable]] = {}
-    fast_walks = [0]
-    walk = fast.bets._claim_run
+    fast_walks = [0, 0]
+    walk, pooled = fast.bets._claim_run, fast.bets._pooled_run
 
     def counted(*a: Any) -> bool:
         done = walk(*a)
         fast_walks[0] += done
         return done
 
+    def counted_pooled(*a: Any) -> list[float] | None:
+        gaps = pooled(*a)
+        fast_walks[1] += gaps is not None
+        return gaps
+
     fast.bets._claim_run = counted  # type: ignore[method-assign]
+    fast.bets._pooled_run = counted_pooled  # type: ignore[method-assign]
     for step in range(steps):
         sid = rng.randrange(10)
         chain = chains.setdefault(sid, [("sys", j) for j in range(rng.choice((0, 3, 6)))])
         chain.extend((sid, step, j) for j in range(rng.choice((0, 1, 4, 12))))
         keys = list(chain)
+        if shared.random() < 0.15:  # the shared prefix alone (the pool's, once shared)
+            keys = [("sys", j) for j in range(shared.choice((3, 6)))]
         if rng.random() < 0.05 and keys:
             keys.append(keys[0])  # a repeated key: the loops' order, not a set's
         if not keys:
@@ -240,12 +252,13 @@ def _drive(seed: int, steps: int) -> int:
                 for p in (fast, ref):
                     p.on_remove(v, t)
         assert _state(fast) == _state(ref), step
-    return fast_walks[0]
+    return fast_walks[0], fast_walks[1]
 
 
 def test_one_pass_paths_decide_as_the_per_key_loops() -> None:
     for seed in range(3):
-        assert _drive(seed, 400) > 0
+        own, pooled = _drive(seed, 400)
+        assert own > 0 and pooled > 0
 
 
 def test_owners_claim_run_is_claim_many() -> None:

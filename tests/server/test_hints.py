@@ -143,3 +143,10 @@ def test_the_lookup_carries_the_engines_own_hit(server_factory, monkeypatch):
         c.lookup("k", hashes, "s1", request_id="b", num_computed_tokens=0)
         c.lookup("k", hashes, "s1", request_id="c")
     assert EngineHitSpyPolicy.seen[-3:] == [2, 0, None]
+    with KVStoreClient(srv.address, shared_memory=True) as c:  # the same from lookup_and_hold
+        for rid, computed in (("d", tokens + 1), ("e", 0), ("f", None)):
+            found, held = c.lookup_and_hold("k", hashes, "s1", request_id=rid,
+                                            num_computed_tokens=computed)
+            assert found.num_hit == 4 and held is not None
+            held.let_go_all()
+    assert EngineHitSpyPolicy.seen[-3:] == [1, 0, None]
