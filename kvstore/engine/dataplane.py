@@ -93,6 +93,10 @@ class SlotPlane:
         #: bytes this call reserved in the tier for the block's own use (its tenant's
         #: quota counts them before they are committed and indexed)
         pending = 0
+        # Room is made (evicting, checking the tenant's quota) only for a block the
+        # tier has no free range for: most reserves take a free range at once, one
+        # allocator search per block and no eviction pass.
+        quotas = bool(eng.placement.quotas)
         try:
             for i, (h, size) in enumerate(items):
                 if i and not i % YIELD_EVERY:
@@ -101,7 +105,9 @@ class SlotPlane:
                 if target is None:
                     out.append(None)
                     continue
-                if target != self.tier.name and not self.tier.can_fit(size):
+                here = target == self.tier.name
+                new = None if here and quotas else self._take(size)
+                if new is None and not here:
                     # Bound for another tier: the slot only stages its bytes until the
                     # commit copies them there. Without free room, the policy's least
                     # valuable block here makes it (demoted where the policy says), so
@@ -115,7 +121,7 @@ class SlotPlane:
                             raise
                         out.append(None)
                         continue
-                elif target == self.tier.name:
+                elif new is None:
                     try:
                         await store.room(op, self.tier.name, size, pending=pending)
                     except QuotaExceeded:
@@ -123,8 +129,10 @@ class SlotPlane:
                         # its chain are not stored this time
                         out.extend([None] * (len(items) - i))
                         break
+                if here:
                     pending += size
-                new = self.slots.reserve(size)
+                if new is None:
+                    new = self.slots.reserve(size)
                 eng.leases.add_reservation(Reservation(
                     BlockKey(namespace, h), new, self.tier.name, now + eng.lease_seconds, owner,
                     target))
@@ -136,6 +144,13 @@ class SlotPlane:
                     self.slots.abort(slot)
             raise
         return out
+
+    def _take(self, size: int) -> Slot | None:
+        """A slot from the tier's free room as it is (None: no free range holds one)."""
+        try:
+            return self.slots.reserve(size)
+        except TierFull:
+            return None
 
     def view(self, slot: Slot) -> memoryview:
         return self.slots.view(slot)
