@@ -26,7 +26,7 @@ from .test_engine import Clock, KiB, new_blocks
 
 
 class CountingLRU(LRUPolicy):
-    """LRU that counts how it is told of reads."""
+    """LRU that counts how it is told of touches."""
 
     def __init__(self, tiers: Sequence[TierSpec]) -> None:
         super().__init__(tiers)
@@ -61,6 +61,19 @@ async def test_an_acquire_of_many_blocks_tells_the_policy_once(
     assert policy.batches == [keys]  # one, head first: the order they were read in
     assert set(lease.keys) == set(keys)
     await eng.close()
+
+
+async def test_a_commit_of_many_blocks_touches_them_in_one_policy_call(
+        committed_plane: PlaneFactory) -> None:
+    c = await committed_plane(64 * KiB, 12, size=1 * KiB, seed=5, policy=CountingLRU,
+                              checksums=True)
+    policy = c.policy
+    assert isinstance(policy, CountingLRU)
+    assert policy.single == []  # not one call per block
+    assert policy.batches == [c.keys[::-1]]  # one, tail first (as vLLM frees them)
+    # and the order it made is the one per-block touches made: the tail goes first
+    assert list(policy.victims(c.dram.name, (), 0.0))[:2] == c.keys[-1:-3:-1]
+    await c.eng.close()
 
 
 async def test_a_commit_with_the_writers_checksums_never_reads_the_slots(
