@@ -94,9 +94,13 @@ class SlotPlane:
         #: quota counts them before they are committed and indexed)
         pending = 0
         # Room is made (evicting, checking the tenant's quota) only for a block the
-        # tier has no free range for: most reserves take a free range at once, one
-        # allocator search per block and no eviction pass.
+        # tier has no free range for: most reserves take their slots from the free
+        # room at once, all of them out of one free range where one holds them (one
+        # allocator search for the request), and make no eviction pass.
         quotas = bool(eng.placement.quotas)
+        wanted = [size for i, (_, size) in enumerate(items) if target_of.get(i) is not None]
+        run = (self.slots.reserve_run(wanted) if len(wanted) > 1 and not quotas else None) or []
+        run.reverse()  # handed out in order, from the end
         try:
             for i, (h, size) in enumerate(items):
                 if i and not i % YIELD_EVERY:
@@ -106,7 +110,12 @@ class SlotPlane:
                     out.append(None)
                     continue
                 here = target == self.tier.name
-                new = None if here and quotas else self._take(size)
+                if run:
+                    new: Slot | None = run.pop()
+                elif here and quotas:
+                    new = None  # its tenant's quota is checked first (room)
+                else:
+                    new = self._take(size)
                 if new is None and not here:
                     # Bound for another tier: the slot only stages its bytes until the
                     # commit copies them there. Without free room, the policy's least
@@ -142,6 +151,8 @@ class SlotPlane:
                 if slot is not None:
                     eng.leases.take_reservation(slot.slot_id, now, owner)
                     self.slots.abort(slot)
+            for slot in run:  # reserved in the tier, not handed out yet
+                self.slots.abort(slot)
             raise
         return out
 
