@@ -93,6 +93,14 @@ class SlotPlane:
         #: bytes this call reserved in the tier for the block's own use (its tenant's
         #: quota counts them before they are committed and indexed)
         pending = 0
+        # Room is made (evicting, checking the tenant's quota) only for a block the
+        # tier has no free range for: most reserves take their slots from the free
+        # room at once, all of them out of one free range where one holds them (one
+        # allocator search for the request), and make no eviction pass.
+        quotas = bool(eng.placement.quotas)
+        wanted = [size for i, (_, size) in enumerate(items) if target_of.get(i) is not None]
+        run = (self.slots.reserve_run(wanted) if len(wanted) > 1 and not quotas else None) or []
+        run.reverse()  # handed out in order, from the end
         try:
             for i, (h, size) in enumerate(items):
                 if i and not i % YIELD_EVERY:
@@ -101,7 +109,14 @@ class SlotPlane:
                 if target is None:
                     out.append(None)
                     continue
-                if target != self.tier.name and not self.tier.can_fit(size):
+                here = target == self.tier.name
+                if run:
+                    new: Slot | None = run.pop()
+                elif here and quotas:
+                    new = None  # its tenant's quota is checked first (room)
+                else:
+                    new = self._take(size)
+                if new is None and not here:
                     # Bound for another tier: the slot only stages its bytes until the
                     # commit copies them there. Without free room, the policy's least
                     # valuable block here makes it (demoted where the policy says), so
@@ -115,7 +130,7 @@ class SlotPlane:
                             raise
                         out.append(None)
                         continue
-                elif target == self.tier.name:
+                elif new is None:
                     try:
                         await store.room(op, self.tier.name, size, pending=pending)
                     except QuotaExceeded:
@@ -123,8 +138,10 @@ class SlotPlane:
                         # its chain are not stored this time
                         out.extend([None] * (len(items) - i))
                         break
+                if here:
                     pending += size
-                new = self.slots.reserve(size)
+                if new is None:
+                    new = self.slots.reserve(size)
                 eng.leases.add_reservation(Reservation(
                     BlockKey(namespace, h), new, self.tier.name, now + eng.lease_seconds, owner,
                     target))
@@ -134,8 +151,17 @@ class SlotPlane:
                 if slot is not None:
                     eng.leases.take_reservation(slot.slot_id, now, owner)
                     self.slots.abort(slot)
+            for slot in run:  # reserved in the tier, not handed out yet
+                self.slots.abort(slot)
             raise
         return out
+
+    def _take(self, size: int) -> Slot | None:
+        """A slot from the tier's free room as it is (None: no free range holds one)."""
+        try:
+            return self.slots.reserve(size)
+        except TierFull:
+            return None
 
     def view(self, slot: Slot) -> memoryview:
         return self.slots.view(slot)

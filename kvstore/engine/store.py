@@ -188,10 +188,10 @@ class StorePipeline:
         """Touch a chain's blocks last to first, as vLLM frees them: under pressure
         a chain then loses its tail before its head."""
         pl = self.placement
-        now = pl.clock()
-        for entry in reversed(entries):
-            if entry.tiers:
-                pl.policy.on_access(entry.key, entry.tiers[0], now)
+        held = [entry for entry in reversed(entries) if entry.tiers]
+        if held:  # one policy call for the request's blocks, not one per block
+            pl.policy.on_access_many([e.key for e in held], [e.tiers[0] for e in held],
+                                     pl.clock())
 
     # -- the put front end: every step at once ------------------------------------------
     async def put(self, namespace: str, blocks: Sequence[NewBlock], session_id: str,

@@ -106,6 +106,11 @@ class SlotTier(Protocol):
         BlockTooLargeForTier / TierFull like ``put``. Counts in used_bytes."""
         ...
 
+    def reserve_run(self, sizes: Sequence[int]) -> list[Slot] | None:
+        """:meth:`reserve` of each of ``sizes`` at once (one allocation for them all);
+        ``None``, nothing reserved, when the free room cannot hold them together."""
+        ...
+
     def view(self, slot: Slot) -> memoryview:
         """Writable view of the slot's bytes (the server side of the data plane)."""
         ...

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -213,6 +214,25 @@ class DramTier(Tier):
         self._reserved[slot.slot_id] = self._slots[slot.slot_id] = _Entry(slot, alloc)
         self._used += size
         return slot
+
+    def reserve_run(self, sizes: Sequence[int]) -> list[Slot] | None:
+        """:meth:`reserve` of each of ``sizes`` at once, the slots adjacent in one free
+        range; ``None`` (nothing reserved) when no free range holds them all."""
+        for size in sizes:
+            check_size(self.name, self._capacity, size)
+        self._live_buf()
+        if self._used + sum(sizes) > self._capacity:
+            return None
+        allocs = self._alloc.alloc_run(sizes)
+        if allocs is None:
+            return None
+        out = []
+        for size, alloc in zip(sizes, allocs, strict=True):
+            slot = Slot(self._fresh_id(), self._segment, alloc.offset, size)
+            self._reserved[slot.slot_id] = self._slots[slot.slot_id] = _Entry(slot, alloc)
+            out.append(slot)
+        self._used += sum(sizes)
+        return out
 
     def view(self, slot: Slot) -> memoryview:
         self._check_known(slot)

@@ -33,6 +33,7 @@ Pure bookkeeping: no bytes are touched here; offsets are into the pool.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = ["GRANULE", "Allocation", "TlsfAllocator"]
@@ -156,6 +157,28 @@ class TlsfAllocator:
         self._live[start] = n
         self.free_bytes -= n * GRANULE
         return Allocation(start * GRANULE, n * GRANULE)
+
+    def alloc_run(self, sizes: Sequence[int]) -> list[Allocation] | None:
+        """Adjacent slots for ``sizes``, in order, cut from one free range (one search
+        for them all); ``None`` when no free range holds them all (allocate them one
+        by one then). Each is freed on its own, like one from :meth:`alloc`."""
+        counts = [self.slot_size(size) // GRANULE for size in sizes]
+        total = sum(counts)
+        found = self._find(total) if total else None
+        if found is None:
+            return None
+        start, length = found
+        self._remove(start, length)
+        if length > total:
+            self._insert(start + total, length - total)
+        live = self._live
+        out = []
+        for n in counts:
+            live[start] = n
+            out.append(Allocation(start * GRANULE, n * GRANULE))
+            start += n
+        self.free_bytes -= total * GRANULE
+        return out
 
     def free(self, alloc: Allocation) -> None:
         start = alloc.offset // GRANULE

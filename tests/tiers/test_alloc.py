@@ -67,6 +67,29 @@ def test_neighbours_coalesce_and_the_whole_pool_is_usable() -> None:
     assert three is not None and three.offset == 2 * 64 * KiB
 
 
+def test_a_run_is_adjacent_slots_each_freed_alone() -> None:
+    a = TlsfAllocator(8 * 64 * KiB)
+    run = a.alloc_run([64 * KiB, 100, 64 * KiB])
+    assert run is not None
+    assert [(x.offset, x.slot_size) for x in run] == [
+        (0, 64 * KiB), (64 * KiB, 2 * GRANULE), (64 * KiB + 2 * GRANULE, 64 * KiB)]
+    assert a.free_bytes == 8 * 64 * KiB - 128 * KiB - 2 * GRANULE
+    a.free(run[1])  # the middle one alone: a hole between live neighbours
+    assert a.free_ranges == 2
+    with pytest.raises(ValueError):
+        a.free(run[1])
+    a.free(run[0])
+    a.free(run[2])
+    assert a.free_ranges == 1 and a.free_bytes == 8 * 64 * KiB  # all coalesced back
+    # No free range holds the run whole: nothing is taken (one by one still fits).
+    halves = [a.alloc(64 * KiB) for _ in range(8)]
+    for h in halves[::2]:
+        assert h is not None
+        a.free(h)
+    assert a.alloc_run([64 * KiB, 64 * KiB]) is None and a.free_bytes == 4 * 64 * KiB
+    assert a.alloc_run([]) is None
+
+
 def test_exact_fit_in_a_request_s_own_class() -> None:
     # A free range whose class also holds smaller ranges is still found for a request
     # that is not a class boundary (the rounded search alone would miss it).

@@ -104,6 +104,18 @@ def test_reserve_limits(dram: DramTier) -> None:
     assert dram.can_fit(CAPACITY)
 
 
+def test_reserve_run_is_all_or_nothing(dram: DramTier) -> None:
+    run = dram.reserve_run([1000, 2000])
+    assert run is not None and [s.length for s in run] == [1000, 2000]
+    assert run[1].offset > run[0].offset and dram.used_bytes == 3000
+    assert dram.reserve_run([CAPACITY]) is None and dram.used_bytes == 3000
+    with pytest.raises(BlockTooLargeForTier):
+        dram.reserve_run([1, CAPACITY + 1])
+    for slot in run:
+        dram.abort(slot)
+    assert dram.used_bytes == 0 and dram.can_fit(CAPACITY)
+
+
 def test_descriptor_checks(dram: DramTier) -> None:
     [(segment, size)] = dram.segments()
     dram.check_descriptor(segment, 0, size)
