@@ -1,10 +1,17 @@
 """Fleet replay: one trace over N workers behind a router.
 
-Each worker is a sidecar of its own: the server's
-:class:`~kvstore.engine.core.Engine` over its own in-memory tiers and policy
-(:mod:`kvstore.replay.driver`), whose placement events go through a real
+Each worker is a served node (:class:`~kvstore.replay.node.ServedNode`, the per-request
+path of ``kvstore replay``): the server's :class:`~kvstore.engine.core.Engine` over
+its own in-memory tiers and policy, whose placement events go through a real
 :class:`~kvstore.events.EventBus` (one msgpack ``KVEventBatch`` per request,
-vLLM's wire format, int64 hashes). The router decodes every batch
+vLLM's wire format, int64 hashes). The event loop is the served replay's
+(:func:`~kvstore.replay.served.play`); the router picks a worker at each request's
+arrival. The fleet's configuration is the untimed sidecar alone
+(:func:`~kvstore.replay.served.sidecar_alone`): no engine cache in front (the GPU is a
+policy-managed ``hbm`` tier, ``--hbm-blocks``), requests take no time, no decode
+saves, the trace's ``end`` trusted, lookups without ``then``. As everywhere in the
+served replay, only a prompt's full blocks are looked up and saved, and saves are
+the connector's (no spill). The router decodes every batch
 with :func:`~kvstore.events.decode_batch` and applies it to one shared
 :class:`~kvstore.connectors.router.PrefixIndex` keyed by pod, as a router
 subscribed to the fleet would. Batches are delivered before the next request
@@ -35,8 +42,11 @@ from kvstore.connectors.router import PrefixIndex
 from kvstore.events import EventBus, EventsConfig, PublishedBatch, decode_batch
 from kvstore.policies.base import TierSpec
 from kvstore.policies.cost import READ_BYTES_PER_S, CostModel, read_bytes_per_s
-from kvstore.replay.driver import EngineStore, Replayer, TierBudget, VirtualClock, build_engine
+from kvstore.replay.driver import TierBudget, VirtualClock
+from kvstore.replay.node import EngineSidecar, Run, ServedNode, build_sidecar
 from kvstore.replay.routing import DEFAULT_MIN_MATCH, ROUTERS, Router, make_router
+from kvstore.replay.served import play
+from kvstore.replay.served_config import ServedConfig, sidecar_alone
 from kvstore.replay.trace import Request
 
 __all__ = [
@@ -74,39 +84,42 @@ class IndexFeed:
         return None
 
 
-class Worker:
-    """One sidecar: the engine over its tiers, with an event bus feeding the router."""
+class Worker(ServedNode):
+    """One sidecar: a served node whose engine's events go through a bus feeding the
+    router."""
 
     def __init__(self, pod: str, policy_name: str, budgets: Sequence[TierBudget],
-                 cost: CostModel, index: PrefixIndex) -> None:
+                 cost: CostModel, index: PrefixIndex,
+                 config: ServedConfig | None = None) -> None:
         self.pod = pod
-        self.clock = VirtualClock()
         self.feed = IndexFeed(pod, index)
-        self.bus = EventBus(EventsConfig(pod=pod, buffer_steps=1), [self.feed],
-                            clock=self.clock)
-        self.engine = build_engine(policy_name, budgets, cost, self.clock, self.bus)
-        self.sim = Replayer(EngineStore(self.engine, self.clock), policy_name, budgets, cost)
+        clock = VirtualClock()
+        self.bus = EventBus(EventsConfig(pod=pod, buffer_steps=1), [self.feed], clock=clock)
+        cfg = config or sidecar_alone(budgets)
+        engine, mover = build_sidecar(policy_name, cfg.sidecar, cost, clock,
+                                      cfg.model.timed_transfers, cfg.hold_max_s, None, self.bus)
+        self.engine = engine
+        super().__init__(policy_name, cfg, cost, None, EngineSidecar(engine, mover), clock)
+        self.budgets = tuple(b for b in cfg.sidecar if b.blocks > 0)
         self.busy_until = 0.0
         self.work_s = 0.0
-
-    @property
-    def requests(self) -> int:
-        return self.sim.requests
 
     def outstanding_s(self, now: float) -> float:
         return max(0.0, self.busy_until - now)
 
-    async def serve(self, req: Request) -> int:
-        """Replay ``req`` here, publish its events; returns its prefix-hit blocks."""
-        now = req.timestamp_ms / 1000.0
-        sim = self.sim
-        before = sim.total_s - sim.saved_s
-        served = await sim.play(req)
+    async def start(self, run: Run, now: float) -> None:
+        await super().start(run, now)
+        self.work_s += run.work_s
+        self.busy_until = max(now, self.busy_until) + run.work_s
+
+    async def finish(self, run: Run, now: float) -> float:
+        held = await super().finish(run, now)
         self.bus.flush()
-        work = sim.total_s - sim.saved_s - before
-        self.work_s += work
-        self.busy_until = max(now, self.busy_until) + work
-        return served
+        return held
+
+    @property
+    def hit_blocks(self) -> int:
+        return sum(self.hits.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,35 +213,32 @@ def run_fleet_on(trace: Sequence[Request], fleet: Sequence[Worker], router: Rout
 async def _run_fleet(trace: Sequence[Request], fleet: Sequence[Worker], router: Router,
                      router_name: str, progress: Callable[[int], None] | None) -> FleetResult:
     start = time.perf_counter()
-    for i, req in enumerate(trace):
-        now = req.timestamp_ms / 1000.0
-        await fleet[router.pick(req, fleet, now)].serve(req)
-        if progress is not None and (i & 255) == 255:
-            progress(256)
-    if progress is not None:
-        progress(len(trace) & 255)
+
+    def pick(req: Request, now: float) -> int:
+        return router.pick(req, fleet, now)
+
+    await play(trace, fleet, pick, progress)
     return _result(router_name, fleet, time.perf_counter() - start)
 
 
 def _result(router: str, fleet: Sequence[Worker], elapsed_s: float) -> FleetResult:
-    sims = [w.sim for w in fleet]
-    first = sims[0]
+    first = fleet[0]
     names = [b.name for b in first.budgets]
-    lookups = sum(s.lookups for s in sims)
-    by_tier = [sum(s.hits_by_tier[t] for s in sims) for t in range(len(names))]
+    lookups = sum(w.lookups for w in fleet)
+    by_tier = [sum(w.hits[t] for w in fleet) for t in names]
     hits = sum(by_tier)
     lk = max(lookups, 1)
     stats = tuple(
-        WorkerStats(w.pod, w.sim.requests, w.sim.lookups, sum(w.sim.hits_by_tier), w.work_s,
-                    w.sim.saved_s, w.feed.batches, w.feed.bytes, w.feed.gaps)
+        WorkerStats(w.pod, w.requests, w.lookups, w.hit_blocks, w.work_s, w.saved_s,
+                    w.feed.batches, w.feed.bytes, w.feed.gaps)
         for w in fleet)
     return FleetResult(
-        router=router, policy=first.name, tiers={b.name: b.blocks for b in first.budgets},
-        requests=sum(s.requests for s in sims), lookups=lookups, hit_blocks=hits,
+        router=router, policy=first.policy, tiers={b.name: b.blocks for b in first.budgets},
+        requests=sum(w.requests for w in fleet), lookups=lookups, hit_blocks=hits,
         hit_rate=hits / lk,
         hit_rate_by_tier={n: h / lk for n, h in zip(names, by_tier, strict=True)},
-        prefill_s_saved=sum(s.saved_s for s in sims),
-        prefill_s_total=sum(s.total_s for s in sims), workers=stats, elapsed_s=elapsed_s)
+        prefill_s_saved=sum(w.saved_s for w in fleet),
+        prefill_s_total=sum(w.total_s for w in fleet), workers=stats, elapsed_s=elapsed_s)
 
 
 # -- command line -------------------------------------------------------------------------

@@ -1,13 +1,15 @@
 """Live replay: the same requests, played against a running ``kvstore serve``.
 
-:class:`ClientStore` is the driver's :class:`~kvstore.replay.driver.Store` over
-the async client, so a live replay makes exactly the calls the offline one
-makes to the engine (lookup with a request id, puts of what the lookup said to
-offer, the turn hint), now over gRPC and shared memory, with payloads of
-``payload_bytes`` derived from each block's hash. Requests start at their
-trace times compressed ``speedup`` times, one after the other; the server's
-mover runs on its own clock. The table is the offline one, with the server's
-tiers as it reports them (blocks = capacity / payload size).
+:class:`ClientSidecar` is a served node's sidecar (:class:`~kvstore.replay.node.Sidecar`)
+over the async client, so a live replay plays each request through the offline
+replay's own per-request path (:class:`~kvstore.replay.node.ServedNode`, the
+sidecar alone: :func:`~kvstore.replay.served.sidecar_alone`) and makes exactly the
+calls it makes to the engine (lookup of the full blocks with a request id, puts of
+what the lookup said to offer, the retention, the turn hint), now over gRPC and
+shared memory, with payloads of ``payload_bytes`` derived from each block's hash.
+Requests start at their trace times compressed ``speedup`` times, one after the
+other; the server's mover runs on its own clock. The table is the offline one, with
+the server's tiers as it reports them (blocks = capacity / payload size).
 """
 
 from __future__ import annotations
@@ -17,13 +19,18 @@ import time
 from collections.abc import Callable, Sequence
 
 from kvstore.client import AsyncKVStoreClient
+from kvstore.engine.blocks import NewBlock
 from kvstore.errors import KVStoreError
+from kvstore.policies import Hint
 from kvstore.policies.cost import CostModel
-from kvstore.replay.driver import NAMESPACE, Replayer, ReplayResult, TierBudget
+from kvstore.replay.driver import NAMESPACE, ReplayResult, TierBudget, VirtualClock
+from kvstore.replay.node import Run, ServedNode
+from kvstore.replay.served import play
+from kvstore.replay.served_config import sidecar_alone
 from kvstore.replay.trace import Request
 from kvstore.types import BlockData, Medium
 
-__all__ = ["ClientStore", "payload_for", "replay_live"]
+__all__ = ["ClientSidecar", "payload_for", "replay_live"]
 
 
 def payload_for(block_hash: bytes, size: int) -> bytes:
@@ -32,14 +39,12 @@ def payload_for(block_hash: bytes, size: int) -> bytes:
     return (block_hash * (size // len(block_hash) + 1))[:size]
 
 
-class ClientStore:
-    """The replay's store over a server, through the async client."""
+class ClientSidecar:
+    """A served node's sidecar over a server, through the async client."""
 
-    def __init__(self, client: AsyncKVStoreClient, payload_bytes: int, block_tokens: int,
-                 speedup: float) -> None:
+    def __init__(self, client: AsyncKVStoreClient, payload_bytes: int, speedup: float) -> None:
         self.client = client
         self.payload_bytes = payload_bytes
-        self.block_tokens = block_tokens
         self.speedup = speedup
         self._t0: float | None = None
         self._wall0 = 0.0
@@ -57,45 +62,44 @@ class ClientStore:
         else:
             self.late_s = max(self.late_s, -wait)
 
-    async def lookup(self, req: Request, hashes: list[bytes], request_id: str
-                     ) -> tuple[list[Medium], int]:
+    async def lookup(self, run: Run, then: str, tool: str, engine_hit_tokens: int
+                     ) -> tuple[Sequence[Medium], int, float]:
+        req = run.req
         await self._pace(req)
-        res = await self.client.lookup(NAMESPACE, hashes, req.session_id or "",
-                                       req.workload or "", request_id=request_id,
-                                       num_tokens=req.input_length)
-        return list(res.media), res.store_blocks
+        res = await self.client.lookup(NAMESPACE, run.hashes, req.session_id or "",
+                                       req.workload or "", request_id=run.rid,
+                                       num_tokens=req.input_length, then=then or None,
+                                       tool=tool or None)
+        return res.media, res.store_blocks, res.keep_ms / 1000.0
 
-    async def put(self, req: Request, hashes: list[bytes], start: int, stop: int,
-                  request_id: str) -> None:
-        if start >= stop:
-            return
-        tokens = self.block_tokens
-        last = len(hashes) - 1
-        tail = max(1, req.input_length - last * tokens)
-        blocks = [BlockData(hashes[j], hashes[j - 1] if j else None,
-                            range(tail if j == last else tokens),
-                            payload_for(hashes[j], self.payload_bytes))
-                  for j in range(start, stop)]
+    async def save(self, run: Run, blocks: list[NewBlock]) -> None:
+        req = run.req
+        data = [BlockData(b.block_hash, b.parent_hash, range(b.num_tokens),
+                          payload_for(b.block_hash, self.payload_bytes)) for b in blocks]
         try:
-            await self.client.put(NAMESPACE, blocks, req.session_id or None,
-                                  req.workload or None, request_id=request_id)
+            await self.client.put(NAMESPACE, data, req.session_id or None,
+                                  req.workload or None, request_id=run.rid)
         except KVStoreError:
             self.errors += 1  # a refused save (no room now): the next turn recomputes
 
-    async def hint(self, req: Request, event: str, request_id: str) -> None:
-        after = req.after
-        await self.client.hint(req.session_id or "", event, req.workload or None,
-                               after.tool if after else None, namespace=NAMESPACE,
-                               request_id=request_id)
-
-    async def retain(self, req: Request, hashes: list[bytes]) -> None:
+    async def retain(self, run: Run, hashes: list[bytes], ttl_s: float) -> None:
         try:
-            await self.client.retain(NAMESPACE, hashes, req.cache_ttl_s or 0.0)
+            await self.client.retain(NAMESPACE, hashes, ttl_s)
         except KVStoreError:
             self.errors += 1
 
-    async def settle(self) -> None:
+    async def hint(self, run: Run, hint: Hint) -> None:
+        await self.client.hint(run.req.session_id or "", hint.event, run.req.workload or None,
+                               hint.tool, namespace=NAMESPACE, request_id=run.rid)
+
+    async def run_until(self, now: float) -> None:
         return None  # the server's mover runs on its own
+
+    async def run_pending(self) -> None:
+        return None
+
+    def moved_bytes(self) -> dict[tuple[str, str], int]:
+        return {}
 
 
 async def replay_live(requests: Sequence[Request], address: str, cost: CostModel,
@@ -110,8 +114,17 @@ async def replay_live(requests: Sequence[Request], address: str, cost: CostModel
     async with AsyncKVStoreClient(address) as client:
         stats = await client.stats()
         budgets = [TierBudget(t.name, t.capacity_bytes // payload_bytes) for t in stats.tiers]
-        store = ClientStore(client, payload_bytes, cost.block_tokens, speedup)
+        tiers = [b.name for b in budgets if b.blocks > 0]
         name = f"{stats.policy or 'server'} (live)"
-        replayer = Replayer(store, name, budgets, cost)
-        result = await replayer.run(requests, progress)
-        return result
+        node = ServedNode(name, sidecar_alone(budgets), cost, None,
+                          ClientSidecar(client, payload_bytes, speedup), VirtualClock(), tiers)
+        started = time.perf_counter()
+        await play(requests, [node], None, progress)
+        elapsed = time.perf_counter() - started
+    lk = max(node.lookups, 1)
+    hits = sum(node.hits.values())
+    return ReplayResult(
+        policy=name, tiers={b.name: b.blocks for b in budgets if b.blocks > 0},
+        requests=node.requests, lookups=node.lookups, hit_blocks=hits, hit_rate=hits / lk,
+        hit_rate_by_tier={t: node.hits[t] / lk for t in tiers}, bytes_moved={},
+        prefill_s_saved=node.saved_s, prefill_s_total=node.total_s, elapsed_s=elapsed)

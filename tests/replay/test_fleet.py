@@ -87,7 +87,7 @@ def test_router_index_equals_union_of_worker_caches(policy: str, router: str) ->
     fleet, index = build_fleet(3, policy, SMALL, cost)
     chooser = make_router(router, index, cost, specs(SMALL), seed=5)
     res = run_fleet_on(conversations(sessions=16), fleet, chooser, router)
-    assert sum(w.sim.lookups for w in fleet) == res.lookups
+    assert sum(w.lookups for w in fleet) == res.lookups
     used: set[str] = set()
     for w in fleet:
         tiers = held(w)
@@ -188,3 +188,23 @@ def test_kvstore_replay_runs_the_fleet_with_workers(tmp_path: Path,
                  "--hbm-blocks", "10", "--dram-blocks", "20", "--no-progress"]) == 0
     assert "| prefix " in capsys.readouterr().out
     assert main(["replay", str(trace), "--workers", "3", "--hbm-blocks", "10,20"]) == 2
+
+
+@pytest.mark.parametrize("policy", ["lru", "workload", "ttl"])
+def test_a_fleet_of_one_is_the_served_replay(policy: str) -> None:
+    """One worker plays each request through the served replay's own path: on a trace with
+    partial last blocks and hints, over DRAM and disk, the same hits per tier, lookups
+    and prefill saved as ``kvstore replay`` with the sidecar alone."""
+    from kvstore.replay.generate import GenConfig, generate
+    from tests.replay.helpers import replay
+
+    trace = generate("agent", GenConfig(sessions=20, duration_s=300.0, seed=4, scale=0.05))
+    assert any(r.input_length % 512 for r in trace)  # partial last blocks
+    tiers = [("dram", 30), ("disk", 60)]
+    served = replay(trace, policy, tiers)
+    fleet = replay_fleet(trace, 1, "prefix", policy, [TierBudget(t, n) for t, n in tiers])
+    assert fleet.lookups == served.lookups
+    assert fleet.hit_blocks == served.hit_blocks > 0
+    for t, _ in tiers:
+        assert fleet.hit_rate_by_tier[t] == served.hits_by_tier[t], t
+    assert fleet.prefill_s_saved == pytest.approx(served.prefill_s_saved)

@@ -14,15 +14,9 @@ from kvstore.policies.cost import CostModel
 from kvstore.policies.lru import LRUPolicy
 
 from kvstore.replay.cli import main
-from kvstore.replay.driver import (
-    EngineStore,
-    Replayer,
-    ReplayResult,
-    TierBudget,
-    VirtualClock,
-    build_engine,
-)
+from kvstore.replay.driver import TierBudget
 from kvstore.replay.engine_cache import EngineCache
+from kvstore.replay.fleet import FleetResult, replay_fleet
 from kvstore.replay.generate import GenConfig, generate
 from kvstore.replay.served import EngineModel, ServedConfig, ServedResult, replay_served
 from kvstore.replay.trace import After, Request, dump_trace
@@ -63,13 +57,10 @@ def full_blocks_only(reqs: Sequence[Request]) -> list[Request]:
 
 
 def fleet_loop(reqs: Sequence[Request], policy: str, tiers: Sequence[TierBudget]
-               ) -> ReplayResult:
-    """The untimed loop the fleet replay (``--workers``) runs for each worker
-    (``kvstore.replay.fleet``: a ``Replayer`` over an ``EngineStore``), one worker."""
-    clock = VirtualClock()
-    cost = CostModel()
-    store = EngineStore(build_engine(policy, tiers, cost, clock), clock)
-    return asyncio.run(Replayer(store, policy, tiers, cost).run(reqs))
+               ) -> FleetResult:
+    """The fleet replay (``--workers``) with one worker: the sidecar alone, untimed, over
+    ``tiers`` (which may be the policy-managed ``hbm`` tier the fleet still takes)."""
+    return replay_fleet(reqs, 1, "load", policy, tiers, CostModel())
 
 
 def served(reqs: Sequence[Request], policy: str, engine: int, dram: int, hold: int = 0,

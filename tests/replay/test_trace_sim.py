@@ -12,15 +12,9 @@ from kvstore.policies.cost import CostModel
 from kvstore.policies.lru import LRUPolicy
 
 from kvstore.engine.sessions import Sessions
-from kvstore.replay.driver import (
-    NAMESPACE,
-    EngineStore,
-    Replayer,
-    TierBudget,
-    VirtualClock,
-    block_hash,
-    build_engine,
-)
+from kvstore.replay.driver import NAMESPACE, TierBudget, block_hash
+from kvstore.replay.node import Run, engine_node
+from kvstore.replay.served import sidecar_alone
 from kvstore.replay.trace import After, Request, TraceError, dump_trace, load_trace
 from kvstore.types import SessionKey
 
@@ -28,7 +22,9 @@ ONE = [TierBudget("hbm", 4)]
 
 
 def req(t: int, ids: Sequence[int], **kw: object) -> Request:
-    return Request(t, len(ids) * 512 - 10, 10, tuple(ids), **kw)  # type: ignore[arg-type]
+    """Full blocks ``ids`` and 10 tokens past them (a partial last block without an id:
+    the served replay, as vLLM, looks up and saves only full blocks)."""
+    return Request(t, len(ids) * 512 + 10, 10, tuple(ids), **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
@@ -65,18 +61,29 @@ def test_bad_line_names_file_and_line(tmp_path: Path) -> None:
 
 
 class Player:
-    """The replay driver over the engine, one request at a time."""
+    """The served replay's per-request path over the engine (the sidecar alone, untimed),
+    one request at a time."""
 
     def __init__(self, policy: str, budgets: list[TierBudget],
                  cost: CostModel | None = None) -> None:
         self.cost = cost or CostModel()
-        self.clock = VirtualClock()
-        self.engine = build_engine(policy, budgets, self.cost, self.clock)
-        self.replayer = Replayer(EngineStore(self.engine, self.clock), policy, budgets,
-                                 self.cost)
+        self.node, side = engine_node(policy, sidecar_alone(budgets), self.cost, None)
+        self.engine = side.engine
+        self._n = 0
 
     def step(self, r: Request) -> int:
-        return asyncio.run(self.replayer.play(r))
+        """Play ``r`` at its time; returns its served prefix (blocks)."""
+        async def go() -> int:
+            t = r.timestamp_ms / 1000.0
+            run = Run(r, f"r{self._n}", t, False, self._n)
+            self._n += 1
+            await self.node.advance(t)
+            await self.node.start(run, t)
+            await self.node.prefill_done(run)
+            await self.node.finish(run, t)
+            return run.served
+
+        return asyncio.run(go())
 
     def tiers(self) -> dict[int, list[str]]:
         return {int.from_bytes(e.key.block_hash, "big"): list(e.tiers)
@@ -88,7 +95,7 @@ def test_prefix_stops_at_first_miss() -> None:
     p.step(req(0, [1, 2, 3]))
     asyncio.run(p.engine.delete(NAMESPACE, [block_hash(2)]))
     assert p.step(req(1, [1, 2, 3])) == 1  # 3 is cached but after the miss at 2
-    r = p.replayer.result()
+    r = p.node.result(0.0)
     assert r.lookups == 6 and r.hit_blocks == 1
     assert r.hit_rate == pytest.approx(1 / 6)
 
@@ -132,10 +139,11 @@ def test_hint_arrives_at_request_end_and_moves_run(monkeypatch: pytest.MonkeyPat
     assert p.tiers() == {1: ["dram"], 2: ["dram"]}  # offloaded by the hint's moves
     first = pol.requests[0]
     assert first.session_id == SessionKey("trace", "a") and first.workload == "agent"
-    assert first.block_tokens == 512 and first.last_tokens == 512 - 10
+    # the lookup names full blocks only, so its last block is a whole one
+    assert first.block_tokens == 512 and first.last_tokens == 512
     p.step(req(5000, [1, 2, 3], session_id="a"))
-    r = p.replayer.result()
-    assert r.hit_rate_by_tier == {"hbm": 0.0, "dram": pytest.approx(2 / 5)}
+    r = p.node.result(0.0)
+    assert p.node.hits["hbm"] == 0 and p.node.hits["dram"] == 2 and r.lookups == 5
     moved = p.engine.stats.moved_bytes
     # Down: the write-back copies of 1, 2 (the hint's move then only drops the hbm copies)
     # and of 3; up: the prefetch of the returning session's 1, 2.
@@ -151,7 +159,7 @@ def test_tier_that_loses_to_recompute_is_not_used() -> None:
     p.step(req(1000, [2]))
     assert p.tiers() == {1: ["disk"], 2: ["hbm", "disk"]}  # write-back, then eviction
     assert p.step(req(2000, [1])) == 0  # loading it would lose to recompute
-    assert p.replayer.result().hit_rate_by_tier["disk"] == 0.0
+    assert p.node.hits["disk"] == 0
 
 
 def test_sessions_inferred_from_prefix_chains() -> None:
