@@ -25,10 +25,12 @@ after a hand-over, while the tiers still lack what the bets left out), and rises
 when their keeps hit what LRU had evicted.
 
 The bets lead while the score stays above ``-allowance``, what the trace may lose
-to LRU: ``allowance_per_root`` times the square root of the lookups scored so far
-(at least ``min_allowance`` blocks), a share of the lookups that shrinks as the
-evidence grows (1/sqrt(n): chance swings of a paired difference, not a rate of
-loss). Below it *lru* takes over for a probation of ``backoff`` windows of
+to LRU: ``allowance_per_root`` times the square root of the sum of the squared
+per-request differences so far (at least ``min_allowance`` blocks): the chance swing
+of the paired difference, which grows as the square root of the evidence, so a share
+of the lookups that shrinks as the trace goes on (and scales with how many blocks one
+request can win or lose: a block on a short chat trace, hundreds on an agent's).
+Below it *lru* takes over for a probation of ``backoff`` windows of
 ``window`` capacities of looked-up blocks, and ``backoff`` doubles (up to
 ``max_backoff``); a trial that holds as long as its probation halves it again. An
 absolute slack (capacities of hits, decayed over a window) could not see a steady
@@ -36,9 +38,9 @@ loss: a short trace, a small tier or a loss under slack/window per lookup never
 crossed it (issue 24: on generated traces whose requests name no session, 1-5
 points below LRU).
 
-After a probation the bets get a trial. On named sessions a trial may also spend
-``min_allowance / backoff`` below the score it starts from (the bets' keeps pay
-later than they cost, so a trial needs some credit; each lost trial costs that
+After a probation the bets get a trial. On named sessions a trial (the first one
+too) may also spend ``bank / backoff`` capacities below the score it starts from
+(the bets' keeps pay later than they cost, so a trial needs some credit; each lost trial costs that
 much at most, and they grow rarer). On traffic that names no session (the engine
 inferred the sessions) a trial starts only while the score is above
 ``-allowance``: those bets have no statement from the client to go on, so they
@@ -171,7 +173,7 @@ class AdaptivePolicy(Policy):
 
     def __init__(self, tiers: Sequence[TierSpec], cost: CostModel | None = None,
                  hbm_keep_max_s: float = 10.0, window: float = 16.0, bank: float = 2.0,
-                 allowance_per_root: float = 0.05, min_allowance: float = 1.0,
+                 allowance_per_root: float = 0.2, min_allowance: float = 1.0,
                  counts_lead: float = 4.0, max_backoff: int = 64, floor_share: float = 0.01,
                  **bets: float) -> None:
         super().__init__(tiers)
@@ -224,6 +226,7 @@ class AdaptivePolicy(Policy):
         #: most the bank; and the lookups scored
         self.advantage = 0.0
         self.scored = 0
+        self.swing = 0  # the sum of squared per-request differences
         #: a trial on named sessions may also go down to this score (none: inf)
         self._trial_floor = math.inf
         #: "bets" or "lru"
@@ -251,6 +254,7 @@ class AdaptivePolicy(Policy):
         blocks = max(1, cap // self._size)
         self._span = self.window * blocks
         self._bank = self.bank * blocks
+        self._trial_floor = -self._bank  # the first trial's credit (named sessions)
         self._left = self._span
         return self._ghost
 
@@ -268,8 +272,8 @@ class AdaptivePolicy(Policy):
 
     def allowance(self) -> float:
         """What the trace may lose to LRU so far, in blocks: ``allowance_per_root``
-        sqrt(lookups scored), at least ``min_allowance``."""
-        return max(self.min_allowance, self.allowance_per_root * math.sqrt(self.scored))
+        sqrt(sum of squared per-request differences), at least ``min_allowance``."""
+        return max(self.min_allowance, self.allowance_per_root * math.sqrt(self.swing))
 
     def _score(self, req: RequestInfo) -> None:
         """Play the lookup on the ghost and add the paired difference (real prefix hits
@@ -294,7 +298,9 @@ class AdaptivePolicy(Policy):
         self.floor_lru = (self.floor is not None
                           and self.room_lost <= self.floor_share * self.looked)
         self.scored += n
-        self.advantage = min(self.advantage + self._served(req) - g, self._bank)
+        diff = self._served(req) - g
+        self.swing += diff * diff
+        self.advantage = min(self.advantage + diff, self._bank)
         if self.leader == "bets":
             if self.advantage < min(-self.allowance(), self._trial_floor):  # lost
                 self.leader = "lru"
@@ -311,7 +317,7 @@ class AdaptivePolicy(Policy):
             self.leader = "bets"  # a trial
             self.switches += 1
             self._trial_floor = (math.inf if unnamed else
-                                 self.advantage - self.min_allowance / self._backoff)
+                                 self.advantage - self._bank / self._backoff)
             self._left = self._backoff * self._span
 
     # -- placement ----------------------------------------------------------------------
