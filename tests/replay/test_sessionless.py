@@ -78,9 +78,9 @@ def test_sessionless_generated_kinds_never_below_lru(kind: str, seed: int) -> No
     session named, the tier 15% of their distinct blocks: the bets on the sessions the
     engine inferred lost to LRU steadily (chat 55.42% against 59.15%, reasoning 42.19%
     against 47.17%) and the guard, with a slack of 2 capacities decayed over 16, never
-    saw it. The guard's allowance now grows with the square root of the lookups (a
-    block or two here), and on inferred sessions LRU places the blocks unless the
-    counts' ghost wins: within 0.2 points of LRU or above."""
+    saw it. The guard's allowance now grows with the square root of the squared
+    per-request differences (a few blocks here), and on inferred sessions LRU places the
+    blocks unless the counts' ghost wins: within 0.2 points of LRU or above."""
     reqs = anonymous(generate(kind, GenConfig(120, 1800.0, seed, 0.1)))
     blocks = round(0.15 * len({h for r in reqs for h in r.hash_ids}))
     lru = hit_rate(reqs, "lru", blocks)
