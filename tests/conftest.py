@@ -16,6 +16,8 @@ import pytest
 from kvstore.config import Config, load_config
 from kvstore.tools.harness import LocalServer, free_port
 
+__all__ = ["REPO", "SHARED_TRACES", "ServerThread", "free_port", "test_config"]
+
 # hypothesis's pytest plugin imports hypothesis lazily, in its terminal summary, when no
 # fuzz test ran; pytest's assertion rewriting then compiles it deep in a call stack, which
 # trips a CPython 3.11.7 bug ("AST constructor recursion depth mismatch") and fails the run
@@ -29,10 +31,12 @@ SHARED_TRACES = REPO.parent / "shared" / "traces"
 
 
 def test_config(data_dir: Path, **sections: dict[str, Any]) -> Config:
-    """A server config on loopback with free ports and small tiers."""
+    """A server config on loopback with OS-chosen ports and small tiers (port 0: the
+    server binds and reports its port, so no other process can take it between a pick
+    and the bind, as a client's ephemeral port once did)."""
     overrides: dict[str, Any] = {
         "data_dir": str(data_dir),
-        "server": {"listen": f"127.0.0.1:{free_port()}", "metrics_port": 0},
+        "server": {"listen": "127.0.0.1:0", "metrics_port": 0},
         "dram": {"capacity": "256MiB"},
         "disk": {"capacity": "1GiB"},
         "events": {"endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"},
