@@ -223,9 +223,8 @@ class AdaptivePolicy(Policy):
         self._span = 1.0  # the score window, in looked-up blocks
         self._bank = 0.0  # blocks
         #: the score: real prefix hits - the ghost's over the trace, whoever leads, at
-        #: most the bank; and the lookups scored
+        #: most the bank
         self.advantage = 0.0
-        self.scored = 0
         self.swing = 0  # the sum of squared per-request differences
         #: a trial on named sessions may also go down to this score (none: inf)
         self._trial_floor = math.inf
@@ -297,7 +296,6 @@ class AdaptivePolicy(Policy):
         self.looked = self.looked * d + n
         self.floor_lru = (self.floor is not None
                           and self.room_lost <= self.floor_share * self.looked)
-        self.scored += n
         diff = self._served(req) - g
         self.swing += diff * diff
         self.advantage = min(self.advantage + diff, self._bank)

@@ -9,6 +9,7 @@ import it too (the gRPC client is imported only when a readiness check asks for 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -30,9 +31,41 @@ LOOPBACK_EVENTS = {"KVSTORE_EVENTS__ENDPOINT": "tcp://127.0.0.1:*",
 
 ConfigValue = str | int | float | bool
 
+#: What ``kvstore serve`` says when its listen address is taken.
+_BIND_FAILED = "server.listen: cannot bind"
+
+
+class _PortTaken(Exception):
+    """The port picked for a server was taken before the server bound it."""
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the OS hands out to outgoing connections (Linux; else 32768)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (the OS picked it)."""
+    """A TCP port that was free on ``host`` a moment ago, below the OS's ephemeral
+    range where one is (so no client's outgoing connection takes it before the
+    server binds it); the OS's own pick where none below is free."""
+    low = _ephemeral_low()
+    if low > 10_000:
+        for port in random.sample(range(10_000, low), 32):
+            if _bindable(host, port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
@@ -72,6 +105,9 @@ class LocalServer:
                  drop_env: Sequence[str] = (), ready: Literal["grpc", "tcp"] = "grpc",
                  security: Any = None) -> None:
         self.data_dir = Path(data_dir)
+        #: the port was picked here (not asked for): a first start that finds it taken
+        #: meanwhile picks another
+        self._picked = not port
         self.port = port or free_port()
         self.extra_env = {**(LOOPBACK_EVENTS if loopback_events else {}), **(env or {})}
         self.config = config
@@ -80,6 +116,7 @@ class LocalServer:
         else:
             self.command = [command] if isinstance(command, str) else list(command)
         self.metrics_port = metrics_port
+        self._log_given = log_path is not None
         self.log_path = log_path or self.data_dir.parent / f"server-{self.port}.log"
         self.drop_env = tuple(drop_env)
         self.ready = ready
@@ -102,7 +139,26 @@ class LocalServer:
         except OSError:
             return ""
 
+    def _log_since(self, offset: int) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
     def start(self, timeout: float = 60.0) -> LocalServer:
+        for _ in range(4):
+            try:
+                return self._start(timeout)
+            except _PortTaken:  # only a port picked here, on its first start
+                self.port = free_port()
+                if not self._log_given:
+                    self.log_path = self.data_dir.parent / f"server-{self.port}.log"
+        raise RuntimeError(f"kvstore serve found four picked ports taken; log "
+                           f"{self.log_path}:\n{self.log_tail()}")
+
+    def _start(self, timeout: float) -> LocalServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = [*self.command, "serve", "--listen", self.address, "--data-dir",
@@ -114,14 +170,18 @@ class LocalServer:
         base = {k: v for k, v in os.environ.items() if not k.startswith(self.drop_env)} \
             if self.drop_env else dict(os.environ)
         with open(self.log_path, "ab") as log:
+            started_at = log.tell()
             self.proc = subprocess.Popen(cmd, env={**base, **self.extra_env}, stdout=log,
                                          stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if self._picked and _BIND_FAILED in self._log_since(started_at):
+                    raise _PortTaken
                 raise RuntimeError(f"kvstore serve exited with {self.proc.returncode}; "
                                    f"log {self.log_path}:\n{self.log_tail()}")
             if self._answers():
+                self._picked = False  # a restart keeps its port
                 return self
             time.sleep(0.1)
         self.stop()

@@ -57,7 +57,33 @@ def test_temporary_server_serves_and_removes_its_data_dir() -> None:
     assert not data.exists()
 
 
+def test_a_picked_port_taken_before_the_server_binds_it_is_picked_again(tmp_path: Path
+                                                                        ) -> None:
+    import socket
+
+    server = LocalServer(tmp_path / "data")
+    taken = server.port
+    with socket.socket() as squatter:  # what a client's outgoing connection did once in CI
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        with server:
+            assert server.port != taken
+            from kvstore.client import KVStoreClient
+
+            with KVStoreClient(server.address, shared_memory=False) as c:
+                assert c.stats().blocks == 0
+    asked = LocalServer(tmp_path / "data2", port=taken)  # a port asked for is not changed
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        with pytest.raises(RuntimeError, match="cannot bind"):
+            asked.start(timeout=60)
+    assert asked.port == taken
+
+
 def test_free_port_and_toml() -> None:
-    assert 0 < free_port() < 65536
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    port = free_port()
+    assert 10_000 <= port < low  # below the range clients' connections are given
     assert to_toml({"engine": {"policy": "lru", "x": 2, "on": True}}) == \
         '[engine]\npolicy = "lru"\nx = 2\non = true\n'
