@@ -19,11 +19,9 @@ __all__ = ["MEDIA", "NAMESPACE", "ReplayResult", "TierBudget", "VirtualClock", "
 
 #: Namespace of replayed blocks.
 NAMESPACE = "trace"
-#: Medium of each replay tier name (events, and which tier served a hit); ``hbm`` is
-#: the fleet replay's policy-managed GPU tier only (the served replay's GPU is the
-#: engine's own cache, not a tier).
-MEDIA: dict[str, Medium] = {"hbm": Medium.GPU, "dram": Medium.CPU, "disk": Medium.DISK,
-                            "redis": Medium.REMOTE}
+#: Medium of each sidecar tier name (events, and which tier served a hit). The GPU is
+#: no tier: it is the engine's own cache (:mod:`kvstore.replay.engine_cache`).
+MEDIA: dict[str, Medium] = {"dram": Medium.CPU, "disk": Medium.DISK, "redis": Medium.REMOTE}
 
 
 def block_hash(block_id: int) -> bytes:
