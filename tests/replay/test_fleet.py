@@ -19,6 +19,7 @@ from kvstore import policies
 from kvstore.events import BlockRemoved, BlockStored, MemoryPublisher, decode_batch
 from kvstore.events.media import tier_medium
 from kvstore.replay.driver import TierBudget
+from kvstore.replay.engine_cache import EngineCache
 from kvstore.replay.fleet import Worker, build_fleet, replay_fleet, run_fleet_on
 from kvstore.replay.routing import ROUTERS, make_router
 from kvstore.replay.served import ServedConfig, replay_served, sidecar_alone
@@ -102,6 +103,37 @@ def refuser(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(policies._REGISTRY, "refuser", f"{__name__}:Refuser")
 
 
+class Heard:
+    """A cache listener that records what it hears."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[int], int | None]] = []
+
+    def stored(self, blocks: Sequence[int], parent: int | None) -> None:
+        self.calls.append(("stored", list(blocks), parent))
+
+    def removed(self, blocks: Sequence[int]) -> None:
+        self.calls.append(("removed", list(blocks), None))
+
+
+def test_engine_cache_announces_what_vllm_publishes() -> None:
+    """A block is announced when it enters the cache (runs of new blocks, parent the block
+    before), not on a hit nor when freed (it stays cached), removed when evicted to make
+    room (before the stores of that allocation); a partial block never."""
+    heard = Heard()
+    c = EngineCache(4, listener=heard)
+    c.release(c.acquire([1, 2, 3], partial=True))
+    assert heard.calls == [("stored", [1, 2, 3], None)]
+    held = c.acquire([1, 2, 7, 8])  # 3 was freed first: evicted for 8
+    assert heard.calls[1:] == [("removed", [3], None), ("stored", [7, 8], 2)]
+    c.extend(held, [9], parent=8)  # no room: every slot pinned, nothing cached or said
+    assert len(heard.calls) == 3 and c.cached() == {1, 2, 7, 8}
+    c.release(held)  # freed, tail first: still cached, nothing said
+    assert len(heard.calls) == 3 and c.match([1, 2, 7, 8]) == 4
+    c.acquire([5])
+    assert heard.calls[3:] == [("removed", [8], None), ("stored", [5], None)]
+
+
 def test_prefix_routing_beats_random_and_spreads_load() -> None:
     trace = conversations()
     res = {r: replay_fleet(trace, 4, r, "lru", CONFIG, seed=3) for r in ROUTERS}
@@ -140,6 +172,7 @@ def test_router_index_equals_union_of_worker_caches(policy: str, router: str) ->
         for tier, keys in tiers.items():
             assert index.blocks(w.pod, MEDIUM[tier]) == keys, (w.pod, tier)
         assert w.feed.gaps == 0
+        assert w.vllm_cache.blocks() == tiers["engine"]  # what the sidecar mirrored of vLLM
         assert w.engine_events.blocks_removed > 0  # the engine cache evicted, and said so
     # Copies went down the sidecar's tiers during the run, so the index followed stores
     # and removals on each (which tiers still hold blocks at the end varies).
@@ -209,13 +242,13 @@ def test_engine_hit_needs_no_policy_and_the_router_sees_it(refuser: None) -> Non
                  after=After("user"))
     a2 = Request(60_000, 10 * 512 - 100, 10, tuple(range(1, 11)), session_id="a",
                  after=After("user"))
-    trace = [a1, b1, a2]
+    trace = [b1, a1, a2]  # b1 takes w0: by load alone a2 would go to w0 too (a tie)
     cfg = served(64, 32)
     fleet, index = fleet_of(2, "refuser", cfg, trace)
     res = run_fleet_on(trace, fleet, make_router("prefix", index, CostModel(), specs(cfg)),
                        "prefix")
     assert res.hit_rate_by_tier["dram"] == 0.0  # the sidecar stored nothing
-    home = next(w for w in fleet if 1 in w.cache)
+    home = next(w for w in fleet if 100 not in w.cache)  # a1's worker, not b1's
     assert home.requests == 2  # a2 went where a1's blocks are
     # a1's full blocks (7, the 8th is partial); a2 reaches 9: 7 engine hits
     assert home.hits["engine"] == res.hit_blocks == 7
