@@ -19,9 +19,13 @@ __all__ = ["MEDIA", "NAMESPACE", "ReplayResult", "TierBudget", "VirtualClock", "
 
 #: Namespace of replayed blocks.
 NAMESPACE = "trace"
-#: Medium of each sidecar tier name (events, and which tier served a hit). The GPU is
-#: no tier: it is the engine's own cache (:mod:`kvstore.replay.engine_cache`).
-MEDIA: dict[str, Medium] = {"dram": Medium.CPU, "disk": Medium.DISK, "redis": Medium.REMOTE}
+#: Medium of each replay tier name (events, and which tier served a hit). No replay
+#: takes ``hbm`` (the served and the fleet replay refuse any tier outside
+#: :data:`~kvstore.replay.served_config.SIDECAR_TIERS`: the GPU is the engine's own cache,
+#: :mod:`kvstore.replay.engine_cache`); engine-level tests of the sidecar still build a
+#: tier of that name.
+MEDIA: dict[str, Medium] = {"hbm": Medium.GPU, "dram": Medium.CPU, "disk": Medium.DISK,
+                            "redis": Medium.REMOTE}
 
 
 def block_hash(block_id: int) -> bytes:
