@@ -9,8 +9,9 @@ tiers. ``--engine-blocks 0 --dram-blocks N`` is the sidecar's DRAM alone.
 instead (:mod:`kvstore.replay.live`). ``add_parser(subparsers)`` registers the
 subcommand; the main CLI calls it. Capacities may be given as comma lists
 (``--dram-blocks 1000,2000``): each value is one run (tiers are zipped; a single
-value is reused). ``--hbm-blocks`` is gone from the replay (a GPU tier the policy
-manages exists in no deployment); the fleet replay (``--workers``) still takes it.
+value is reused). ``--workers N`` replays over N such workers behind a router
+(:mod:`kvstore.replay.fleet`; one value per capacity). ``--hbm-blocks`` is gone, from
+the fleet replay too (a GPU tier the policy manages exists in no deployment).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from kvstore.replay.trace import Request, TraceError, dump_trace, load_trace
 
 __all__ = ["add_parser", "block_counts", "main", "run"]
 
-#: What ``--hbm-blocks`` says outside the fleet replay.
+#: What ``--hbm-blocks`` says (the single and the fleet replay alike).
 HBM_GONE = ("--hbm-blocks is gone from the replay: the GPU is the engine's own prefix cache, "
             "give its size with --engine-blocks N (vLLM's cache: every computed block enters "
             "it, freed blocks are evicted LRU, the policy only asks for holds); a "
@@ -75,9 +76,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
                    help="the engine's own prefix cache (vLLM's GPU blocks less its null "
                         "block), default 0")
     p.add_argument("--hbm-blocks", type=block_counts, default=None, metavar="N",
-                   help="only with --workers (the fleet replay); else see --engine-blocks")
+                   help="gone: see --engine-blocks")
     p.add_argument("--dram-blocks", type=block_counts, default=None, metavar="N[,N...]",
-                   help="the sidecar's DRAM tier (default 1000; with --workers 0)")
+                   help="the sidecar's DRAM tier (default 1000)")
     p.add_argument("--disk-blocks", type=block_counts, default=[0], metavar="N[,N...]")
     p.add_argument("--redis-blocks", type=block_counts, default=[0], metavar="N[,N...]")
     p.add_argument("--hold-budget-blocks", type=block_counts, default=None, metavar="N[,N...]",
@@ -209,22 +210,18 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(f"wrote {n} requests ({args.generate}) to {args.trace}")
         return 0
-    if args.workers:
-        from kvstore.replay.fleet import run_fleet
-
-        # The fleet replay still models the policy-managed GPU tier (its defaults).
-        if args.hbm_blocks is None:
-            args.hbm_blocks = [1000]
-        if args.dram_blocks is None:
-            args.dram_blocks = [0]
-        return run_fleet(args)
     names = args.policy or ["lru"]
+    fleet = args.workers is not None
     try:
         for name in names:
             if name not in policies.available():
                 raise ValueError(f"unknown policy {name!r}; valid: "
                                  f"{', '.join(policies.available())}")
-        runs = _runs(args) if not args.server else []
+        runs = _runs(args) if not args.server or fleet else []
+        if fleet:
+            from kvstore.replay.fleet import check_fleet
+
+            worker = check_fleet(args, runs)
         cost = CostModel(prefill_tokens_per_s=args.prefill_tps)
         requests = load_trace(args.trace)
     except (OSError, TraceError, ValueError) as exc:
@@ -237,6 +234,10 @@ def run(args: argparse.Namespace) -> int:
     if args.no_after:
         requests = [dataclasses.replace(r, after=None) for r in requests]
     progress = not args.no_progress and sys.stderr.isatty()
+    if fleet:
+        from kvstore.replay.fleet import run_fleet
+
+        return run_fleet(args, names, worker, requests, cost, progress)
     if args.server:
         return _run_live(args, requests, cost, progress)
     results = replay_served_runs(requests, names, runs, cost, progress)

@@ -19,9 +19,11 @@ __all__ = ["MEDIA", "NAMESPACE", "ReplayResult", "TierBudget", "VirtualClock", "
 
 #: Namespace of replayed blocks.
 NAMESPACE = "trace"
-#: Medium of each replay tier name (events, and which tier served a hit); ``hbm`` is
-#: the fleet replay's policy-managed GPU tier only (the served replay's GPU is the
-#: engine's own cache, not a tier).
+#: Medium of each replay tier name (events, and which tier served a hit). No replay
+#: takes ``hbm`` (the served and the fleet replay refuse any tier outside
+#: :data:`~kvstore.replay.served_config.SIDECAR_TIERS`: the GPU is the engine's own cache,
+#: :mod:`kvstore.replay.engine_cache`); engine-level tests of the sidecar still build a
+#: tier of that name.
 MEDIA: dict[str, Medium] = {"hbm": Medium.GPU, "dram": Medium.CPU, "disk": Medium.DISK,
                             "redis": Medium.REMOTE}
 

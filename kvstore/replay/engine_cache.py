@@ -22,29 +22,49 @@ is freed vLLM puts it at the front of the free queue (reused first, evicting
 nothing), which is an empty slot here. It is held under a negative id of its own
 (trace ids are never negative). ``capacity`` is the blocks requests can use:
 vLLM's ``num_gpu_blocks`` minus its null block (``BlockPool.null_block``).
+
+A :class:`CacheListener` hears what vLLM publishes about this cache (its
+``BlockStored`` / ``BlockRemoved`` events, medium ``GPU``): a block is stored
+when it enters the cache (computed or loaded; a hit on a cached block is not
+news), one call per run of consecutive new blocks with the block before the run
+as parent, and removed when it is evicted to make room (a block freed into the
+queue stays cached, and matched, until then). Partial blocks, hashless, are never
+announced. The listener is told the evictions of one allocation before the blocks
+it stores, as vLLM evicts while allocating and announces after.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Protocol
 
-__all__ = ["EngineCache"]
+__all__ = ["CacheListener", "EngineCache"]
+
+
+class CacheListener(Protocol):
+    """What the engine cache announces (see the module docstring)."""
+
+    def stored(self, blocks: Sequence[int], parent: int | None) -> None: ...
+
+    def removed(self, blocks: Sequence[int]) -> None: ...
 
 
 class EngineCache:
     """vLLM's prefix cache over ``capacity`` blocks, with the connector's holds."""
 
-    __slots__ = ("capacity", "hold_budget", "hold_max_s", "_ref", "_free", "_holds",
-                 "_held_blocks", "_partials", "hits", "holds_made", "holds_refused")
+    __slots__ = ("capacity", "hold_budget", "hold_max_s", "listener", "_ref", "_free",
+                 "_holds", "_held_blocks", "_partials", "hits", "holds_made", "holds_refused")
 
-    def __init__(self, capacity: int, hold_budget: int = 0, hold_max_s: float = 0.0) -> None:
+    def __init__(self, capacity: int, hold_budget: int = 0, hold_max_s: float = 0.0,
+                 listener: CacheListener | None = None) -> None:
         if capacity < 0 or hold_budget < 0 or hold_max_s < 0:
             raise ValueError(f"engine cache: capacity {capacity}, hold_budget {hold_budget} "
                              f"and hold_max_s {hold_max_s} must be >= 0")
         self.capacity = capacity
         self.hold_budget = hold_budget
         self.hold_max_s = hold_max_s
+        self.listener = listener
         #: Block -> references (running requests and holds); 0: in the free queue.
         self._ref: dict[int, int] = {}
         #: Evictable blocks, first evicted first (vLLM's free block queue).
@@ -68,6 +88,10 @@ class EngineCache:
     def held_blocks(self) -> int:
         return self._held_blocks
 
+    def cached(self) -> set[int]:
+        """The blocks the cache holds that have a hash (pinned, held or free)."""
+        return {b for b in self._ref if b >= 0}
+
     def match(self, blocks: Sequence[int]) -> int:
         """Blocks of the longest cached prefix of ``blocks``."""
         ref = self._ref
@@ -82,14 +106,19 @@ class EngineCache:
         """Blocks a new request may take now (empty slots and the free queue)."""
         return self.capacity - len(self._ref) + len(self._free)
 
-    def acquire(self, blocks: Sequence[int], partial: bool = False) -> tuple[int, ...]:
+    def acquire(self, blocks: Sequence[int], partial: bool = False,
+                parent: int | None = None) -> tuple[int, ...]:
         """Pin ``blocks`` for a running request (cached ones are reused, the others
         allocated, evicting from the free queue); returns the blocks it holds. Blocks
         that find no room (every slot pinned) are not cached. ``partial``: the prompt
-        also has a partial last block, which takes a slot of its own (see above)."""
+        also has a partial last block, which takes a slot of its own (see above).
+        ``parent``: the block before ``blocks[0]`` in its chain (for the listener)."""
         ref = self._ref
         free = self._free
+        listener = self.listener
         took: list[int] = []
+        evicted: list[int] = []
+        new: list[int] = []
         if partial:
             self._partials += 1
             blocks = [*blocks, -self._partials]
@@ -101,19 +130,44 @@ class EngineCache:
                         break
                     victim, _ = free.popitem(last=False)
                     del ref[victim]
+                    evicted.append(victim)
                 ref[b] = 1
+                new.append(b)
             else:
                 if n == 0:
                     del free[b]
                 ref[b] = n + 1
             took.append(b)
+        if listener is not None and (evicted or new):
+            self._announce(listener, blocks, took, evicted, set(new), parent)
         return tuple(took)
 
-    def extend(self, held: tuple[int, ...], blocks: Sequence[int]) -> tuple[int, ...]:
-        """Add a running request's newly filled ``blocks`` (decode) to what it holds."""
+    @staticmethod
+    def _announce(listener: CacheListener, blocks: Sequence[int], took: Sequence[int],
+                  evicted: Sequence[int], new: set[int], parent: int | None) -> None:
+        """Evictions first, then each run of consecutive new hashed blocks."""
+        if evicted:
+            listener.removed(evicted)
+        run: list[int] = []
+        before = parent
+        for i, b in enumerate(took):
+            if b in new and b >= 0:
+                if not run:
+                    before = blocks[i - 1] if i else parent
+                run.append(b)
+            elif run:
+                listener.stored(run, before)
+                run = []
+        if run:
+            listener.stored(run, before)
+
+    def extend(self, held: tuple[int, ...], blocks: Sequence[int],
+               parent: int | None = None) -> tuple[int, ...]:
+        """Add a running request's newly filled ``blocks`` (decode) to what it holds;
+        ``parent``: the block they follow (the prompt's last full block)."""
         if not blocks:
             return held
-        return held + self.acquire(blocks)
+        return held + self.acquire(blocks, parent=parent)
 
     def release(self, blocks: Sequence[int]) -> None:
         """A request's references end: its unshared blocks join the free queue, tail

@@ -1,29 +1,38 @@
 """Fleet replay: one trace over N workers behind a router.
 
-Each worker is a served node (:class:`~kvstore.replay.node.ServedNode`, the per-request
-path of ``kvstore replay``): the server's :class:`~kvstore.engine.core.Engine` over
-its own in-memory tiers and policy, whose placement events go through a real
-:class:`~kvstore.events.EventBus` (one msgpack ``KVEventBatch`` per request,
-vLLM's wire format, int64 hashes). The event loop is the served replay's
-(:func:`~kvstore.replay.served.play`); the router picks a worker at each request's
-arrival. The fleet's configuration is the untimed sidecar alone
-(:func:`~kvstore.replay.served.sidecar_alone`): no engine cache in front (the GPU is a
-policy-managed ``hbm`` tier, ``--hbm-blocks``), requests take no time, no decode
-saves, the trace's ``end`` trusted, lookups without ``then``. As everywhere in the
-served replay, only a prompt's full blocks are looked up and saved, and saves are
-the connector's (no spill). The router decodes every batch
+Each worker is the served topology of ``kvstore replay``
+(:class:`~kvstore.replay.node.ServedNode`, on the served replay's event loop
+:func:`~kvstore.replay.served.play`): vLLM's own prefix cache of ``engine_blocks``
+in front (:class:`~kvstore.replay.engine_cache.EngineCache`: every computed or
+loaded block enters it, freed blocks are evicted LRU, the connector's holds; no
+policy is asked), the sidecar behind it: the server's
+:class:`~kvstore.engine.core.Engine` over its own in-memory DRAM / disk / Redis tiers
+under the policy, requests timed by the same engine model (prefill rate, decode
+time per token, ``max_running``, tier bandwidths; ``--instant`` and the other
+options of ``kvstore replay`` apply to every worker alike). There is no GPU tier the
+policy manages (``--hbm-blocks`` is refused, :data:`~kvstore.replay.cli.HBM_GONE`).
+
+Each worker publishes what a deployment's pod publishes, on one real
+:class:`~kvstore.events.EventBus` (msgpack ``KVEventBatch``, vLLM's wire format, int64
+hashes = the trace's block ids): the sidecar engine's placement events (media
+``CPU`` / ``STORAGE``) and vLLM's own ``BlockStored`` / ``BlockRemoved`` of its GPU
+cache (medium ``GPU``, :class:`~kvstore.replay.engine_events.VllmCacheEvents`),
+re-published through the bus after a :class:`~kvstore.events.VllmCacheMirror` as the
+server does with the events it ingests from vLLM. The router decodes every batch
 with :func:`~kvstore.events.decode_batch` and applies it to one shared
-:class:`~kvstore.connectors.router.PrefixIndex` keyed by pod, as a router
-subscribed to the fleet would. Batches are delivered before the next request
-is routed (no propagation delay).
+:class:`~kvstore.connectors.router.PrefixIndex` keyed by pod, as a router subscribed
+to the fleet would, so its index covers the engines' caches and the sidecars'
+tiers. Each worker's bus is flushed before every routing decision (what changed
+since the last one is one batch): no propagation delay.
 
 Routers: :mod:`kvstore.replay.routing` (``random``, ``load``, ``prefix``).
 
 Work model, for ``load`` and the load spread: a request costs its worker the
 prefill seconds it does not save under the cost model (recompute of the
-missed blocks plus the load time of the hit ones); a worker works through its
-requests in arrival order, and its outstanding work at time t is what is left
-of that queue. Decode is not modelled.
+missed blocks plus the load time of the hit ones), counted when it is scheduled;
+a worker works through that work in order, and its outstanding work at time t is
+what is left of it. This is the routers' estimate, not the engine model (which
+runs up to ``max_running`` requests at once); decode is not in it.
 """
 
 from __future__ import annotations
@@ -31,27 +40,39 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvstore import policies
 from kvstore.connectors.router import PrefixIndex
-from kvstore.events import EventBus, EventsConfig, PublishedBatch, decode_batch
+from kvstore.events import (
+    EventBus,
+    EventsConfig,
+    PublishedBatch,
+    VllmCacheMirror,
+    decode_batch,
+)
 from kvstore.policies.base import TierSpec
 from kvstore.policies.cost import READ_BYTES_PER_S, CostModel, read_bytes_per_s
-from kvstore.replay.driver import TierBudget, VirtualClock
+from kvstore.replay.driver import VirtualClock
+from kvstore.replay.engine_events import VllmCacheEvents
 from kvstore.replay.node import EngineSidecar, Run, ServedNode, build_sidecar
 from kvstore.replay.routing import DEFAULT_MIN_MATCH, ROUTERS, Router, make_router
 from kvstore.replay.served import play
-from kvstore.replay.served_config import ServedConfig, sidecar_alone
+from kvstore.replay.served_config import (
+    SIDECAR_TIERS,
+    ServedConfig,
+    check_sidecar_tiers,
+    decode_block_ids,
+    percentile,
+)
 from kvstore.replay.trace import Request
 
 __all__ = [
     "ROUTERS", "FleetResult", "IndexFeed", "Worker", "WorkerStats", "add_fleet_arguments",
-    "build_fleet", "format_fleet_table", "main", "replay_fleet", "run_fleet", "run_fleet_on",
+    "build_fleet", "check_fleet", "format_fleet_table", "replay_fleet", "run_fleet",
+    "run_fleet_on",
 ]
 
 
@@ -85,22 +106,29 @@ class IndexFeed:
 
 
 class Worker(ServedNode):
-    """One sidecar: a served node whose engine's events go through a bus feeding the
-    router."""
+    """One pod: vLLM's prefix cache in front of a sidecar, both publishing through one
+    bus into the router's index."""
 
-    def __init__(self, pod: str, policy_name: str, budgets: Sequence[TierBudget],
-                 cost: CostModel, index: PrefixIndex,
-                 config: ServedConfig | None = None) -> None:
+    def __init__(self, pod: str, policy_name: str, config: ServedConfig, cost: CostModel,
+                 index: PrefixIndex,
+                 decode_ids: Sequence[tuple[int, ...]] | None = None) -> None:
+        check_sidecar_tiers(config.sidecar)
         self.pod = pod
         self.feed = IndexFeed(pod, index)
         clock = VirtualClock()
         self.bus = EventBus(EventsConfig(pod=pod, buffer_steps=1), [self.feed], clock=clock)
-        cfg = config or sidecar_alone(budgets)
-        engine, mover = build_sidecar(policy_name, cfg.sidecar, cost, clock,
-                                      cfg.model.timed_transfers, cfg.hold_max_s, None, self.bus)
+        # vLLM's own events, re-published by the sidecar as the server does (app.py)
+        self.vllm_cache = VllmCacheMirror()
+        bus, mirror = self.bus, self.vllm_cache
+        self.engine_events = VllmCacheEvents(
+            lambda evs: bus.publish_events(mirror.apply(evs)), cost.block_tokens)
+        engine, mover = build_sidecar(policy_name, config.sidecar, cost, clock,
+                                      config.model.timed_transfers, config.hold_max_s, None,
+                                      self.bus)
         self.engine = engine
-        super().__init__(policy_name, cfg, cost, None, EngineSidecar(engine, mover), clock)
-        self.budgets = tuple(b for b in cfg.sidecar if b.blocks > 0)
+        super().__init__(policy_name, config, cost, decode_ids, EngineSidecar(engine, mover),
+                         clock, cache_listener=self.engine_events)
+        self.budgets = tuple(b for b in config.sidecar if b.blocks > 0)
         self.busy_until = 0.0
         self.work_s = 0.0
 
@@ -111,11 +139,6 @@ class Worker(ServedNode):
         await super().start(run, now)
         self.work_s += run.work_s
         self.busy_until = max(now, self.busy_until) + run.work_s
-
-    async def finish(self, run: Run, now: float) -> float:
-        held = await super().finish(run, now)
-        self.bus.flush()
-        return held
 
     @property
     def hit_blocks(self) -> int:
@@ -128,6 +151,8 @@ class WorkerStats:
     requests: int
     lookups: int
     hit_blocks: int
+    #: Hit blocks per tier: ``engine`` (vLLM's own cache) and each sidecar tier.
+    hits_by_tier: dict[str, int]
     #: Prefill seconds the worker computed (its misses, plus load time of its hits).
     work_s: float
     prefill_s_saved: float
@@ -149,14 +174,21 @@ def _spread(values: Sequence[float]) -> float:
 class FleetResult:
     router: str
     policy: str
+    engine_blocks: int
+    #: The sidecar's tiers per worker.
     tiers: dict[str, int]
+    hold_budget_blocks: int
     requests: int
     lookups: int
     hit_blocks: int
     hit_rate: float
+    #: Share of looked-up blocks hit on each tier: ``engine`` and the sidecar's.
     hit_rate_by_tier: dict[str, float]
     prefill_s_saved: float
     prefill_s_total: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    holds_made: int
     workers: tuple[WorkerStats, ...]
     elapsed_s: float = 0.0
 
@@ -173,32 +205,39 @@ class FleetResult:
     def to_json(self) -> dict[str, object]:
         return {
             "router": self.router, "policy": self.policy, "workers": len(self.workers),
-            "tiers_per_worker": self.tiers, "requests": self.requests,
+            "engine_blocks": self.engine_blocks, "tiers_per_worker": self.tiers,
+            "hold_budget_blocks": self.hold_budget_blocks, "requests": self.requests,
             "lookups": self.lookups, "hit_blocks": self.hit_blocks,
             "hit_rate": self.hit_rate, "hit_rate_by_tier": self.hit_rate_by_tier,
             "prefill_s_saved": self.prefill_s_saved, "prefill_s_total": self.prefill_s_total,
-            "request_spread": self.request_spread, "work_spread": self.work_spread,
+            "ttft_p50_s": self.ttft_p50_s, "ttft_p99_s": self.ttft_p99_s,
+            "holds_made": self.holds_made, "request_spread": self.request_spread,
+            "work_spread": self.work_spread,
             "per_worker": [w.to_json() for w in self.workers], "elapsed_s": self.elapsed_s,
         }
 
 
-def build_fleet(n: int, policy: str, budgets: Sequence[TierBudget],
-                cost: CostModel) -> tuple[list[Worker], PrefixIndex]:
-    """``n`` workers (pods ``w0``..) publishing into one fresh router index."""
+def build_fleet(n: int, policy: str, config: ServedConfig, cost: CostModel,
+                decode_ids: Sequence[tuple[int, ...]] | None = None
+                ) -> tuple[list[Worker], PrefixIndex]:
+    """``n`` workers (pods ``w0``..) of ``config`` each, publishing into one fresh router
+    index; ``decode_ids``: the trace's (:func:`decode_block_ids`), for decode saves."""
     if n < 1:
         raise ValueError(f"a fleet needs at least 1 worker, got {n}")
     index = PrefixIndex()
-    return [Worker(f"w{i}", policy, budgets, cost, index) for i in range(n)], index
+    return [Worker(f"w{i}", policy, config, cost, index, decode_ids) for i in range(n)], index
 
 
 def replay_fleet(trace: Sequence[Request], workers: int, router: str, policy: str,
-                 budgets: Sequence[TierBudget], cost: CostModel | None = None, seed: int = 0,
+                 config: ServedConfig, cost: CostModel | None = None, seed: int = 0,
                  progress: Callable[[int], None] | None = None,
                  min_match: float = DEFAULT_MIN_MATCH) -> FleetResult:
-    """Replay ``trace`` (timestamp order) over ``workers`` sidecars behind ``router``."""
+    """Replay ``trace`` (timestamp order) over ``workers`` pods of ``config`` behind
+    ``router``."""
     cost = cost or CostModel()
-    fleet, index = build_fleet(workers, policy, budgets, cost)
-    specs = [TierSpec(b.name, b.blocks, read_bytes_per_s(b.name)) for b in budgets]
+    decode_ids = decode_block_ids(trace, cost.block_tokens) if config.decode_saves else None
+    fleet, index = build_fleet(workers, policy, config, cost, decode_ids)
+    specs = [TierSpec(b.name, b.blocks, read_bytes_per_s(b.name)) for b in fleet[0].budgets]
     chooser = make_router(router, index, cost, specs, seed, min_match)
     return run_fleet_on(trace, fleet, chooser, router, progress)
 
@@ -215,42 +254,60 @@ async def _run_fleet(trace: Sequence[Request], fleet: Sequence[Worker], router: 
     start = time.perf_counter()
 
     def pick(req: Request, now: float) -> int:
+        for w in fleet:  # the router has seen every event so far
+            w.bus.flush()
         return router.pick(req, fleet, now)
 
     await play(trace, fleet, pick, progress)
+    for w in fleet:
+        w.bus.flush()
     return _result(router_name, fleet, time.perf_counter() - start)
 
 
 def _result(router: str, fleet: Sequence[Worker], elapsed_s: float) -> FleetResult:
     first = fleet[0]
-    names = [b.name for b in first.budgets]
+    names = ["engine", *(b.name for b in first.budgets)]
     lookups = sum(w.lookups for w in fleet)
     by_tier = [sum(w.hits[t] for w in fleet) for t in names]
     hits = sum(by_tier)
     lk = max(lookups, 1)
     stats = tuple(
-        WorkerStats(w.pod, w.requests, w.lookups, w.hit_blocks, w.work_s, w.saved_s,
+        WorkerStats(w.pod, w.requests, w.lookups, w.hit_blocks,
+                    {t: w.hits[t] for t in names}, w.work_s, w.saved_s,
                     w.feed.batches, w.feed.bytes, w.feed.gaps)
         for w in fleet)
+    ttft = [t for w in fleet for t in w.ttft]
+    cfg = first.config
     return FleetResult(
-        router=router, policy=first.policy, tiers={b.name: b.blocks for b in first.budgets},
+        router=router, policy=first.policy, engine_blocks=cfg.engine_blocks,
+        tiers={b.name: b.blocks for b in first.budgets},
+        hold_budget_blocks=cfg.hold_budget_blocks,
         requests=sum(w.requests for w in fleet), lookups=lookups, hit_blocks=hits,
         hit_rate=hits / lk,
         hit_rate_by_tier={n: h / lk for n, h in zip(names, by_tier, strict=True)},
         prefill_s_saved=sum(w.saved_s for w in fleet),
-        prefill_s_total=sum(w.total_s for w in fleet), workers=stats, elapsed_s=elapsed_s)
+        prefill_s_total=sum(w.total_s for w in fleet),
+        ttft_p50_s=percentile(ttft, 0.5), ttft_p99_s=percentile(ttft, 0.99),
+        holds_made=sum(w.cache.holds_made for w in fleet), workers=stats,
+        elapsed_s=elapsed_s)
 
 
 # -- command line -------------------------------------------------------------------------
 def format_fleet_table(results: Sequence[FleetResult]) -> str:
-    head = ["router", "policy", "hit rate", "prefill s saved", "saved %",
-            "requests per worker", "req max/mean", "work max/mean"]
+    """One row per router and policy: hits by tier, prefill saved, TTFT, load spread."""
+    tiers = [t for t in SIDECAR_TIERS if any(t in r.tiers for r in results)]
+    head = ["router", "policy", "hit rate", "from engine", *[f"from {t}" for t in tiers],
+            "prefill s saved", "saved %", "TTFT p50 s", "TTFT p99 s", "requests per worker",
+            "req max/mean", "work max/mean"]
     rows = [head]
     for r in results:
         per = [w.requests for w in r.workers]
         rows.append([
-            r.router, r.policy, f"{100 * r.hit_rate:.2f}%", f"{r.prefill_s_saved:.0f}",
+            r.router, r.policy, f"{100 * r.hit_rate:.2f}%",
+            *[f"{100 * r.hit_rate_by_tier.get(t, 0.0):.2f}%" for t in ("engine", *tiers)],
+            f"{r.prefill_s_saved:.0f}",
             f"{100 * r.prefill_s_saved / max(r.prefill_s_total, 1e-9):.1f}%",
+            f"{r.ttft_p50_s:.2f}", f"{r.ttft_p99_s:.2f}",
             " / ".join(str(n) for n in per), f"{r.request_spread:.2f}", f"{r.work_spread:.2f}",
         ])
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
@@ -261,9 +318,12 @@ def format_fleet_table(results: Sequence[FleetResult]) -> str:
 
 
 def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--workers N`` and ``--router NAME [NAME ...]`` (for ``kvstore replay``)."""
+    """``--workers N``, ``--router NAME [NAME ...]``, ``--min-match F`` (for
+    ``kvstore replay``, whose other options configure each worker)."""
     parser.add_argument("--workers", type=int, default=None, metavar="N",
-                        help="replay over N simulated workers behind a router")
+                        help="replay over N simulated workers behind a router (each the "
+                             "served topology of the other options, one value per "
+                             "capacity)")
     parser.add_argument("--router", nargs="+", choices=ROUTERS, default=list(ROUTERS),
                         help="router(s) to compare (default: all of %(choices)s)")
     parser.add_argument("--min-match", type=float, default=DEFAULT_MIN_MATCH, metavar="F",
@@ -271,58 +331,51 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
                              "must save to outweigh load (default %(default)s)")
 
 
-def _first(value: int | Sequence[int]) -> int:
-    if isinstance(value, int):
-        return value
-    if len(value) != 1:
-        raise ValueError(f"fleet replay takes one capacity per tier, got {list(value)}")
-    return value[0]
+def check_fleet(args: argparse.Namespace, configs: Sequence[ServedConfig]) -> ServedConfig:
+    """The one worker configuration of a fleet run, or ``ValueError`` naming the option."""
+    if args.workers is None or args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if not 0.0 <= args.min_match <= 1.0:
+        raise ValueError(f"--min-match must be in [0, 1], got {args.min_match}")
+    if len(configs) != 1:
+        raise ValueError(f"the fleet replay takes one value per capacity option, got "
+                         f"{len(configs)} configurations")
+    for opt in ("server", "belady", "belady_bypass", "plot"):
+        if getattr(args, opt, None):
+            raise ValueError(f"--{opt.replace('_', '-')} does not apply to the fleet replay "
+                             "(--workers)")
+    return configs[0]
 
 
-def run_fleet(args: argparse.Namespace) -> int:
-    """Run from parsed arguments: ``trace``, ``workers``, ``router``, ``policy`` (list or
-    None), ``hbm_blocks`` / ``dram_blocks`` / ``disk_blocks`` (per worker; an int or a
-    one-item list), ``prefill_tps``, ``seed``, ``min_match``, ``json``, ``no_progress``,
-    optional ``limit``."""
+def run_fleet(args: argparse.Namespace, names: Sequence[str], config: ServedConfig,
+              trace: Sequence[Request], cost: CostModel, progress: bool) -> int:
+    """Each policy under each router (``args.router``) over ``args.workers`` pods of
+    ``config``; prints the table, writes ``args.json`` if given."""
     from tqdm import tqdm
 
-    from kvstore.replay.trace import TraceError, load_trace
-
-    names = args.policy or ["lru"]
-    try:
-        if args.workers is None or args.workers < 1:
-            raise ValueError(f"--workers must be >= 1, got {args.workers}")
-        if not 0.0 <= args.min_match <= 1.0:
-            raise ValueError(f"--min-match must be in [0, 1], got {args.min_match}")
-        for name in names:
-            if name not in policies.available():
-                raise ValueError(f"unknown policy {name!r}; valid: "
-                                 f"{', '.join(policies.available())}")
-        caps = {"hbm": _first(args.hbm_blocks), "dram": _first(args.dram_blocks),
-                "disk": _first(args.disk_blocks)}
-        budgets = [TierBudget(t, n) for t, n in caps.items() if n > 0]
-        if not budgets:
-            raise ValueError("every tier has 0 blocks; give --hbm-blocks N")
-        cost = CostModel(prefill_tokens_per_s=args.prefill_tps)
-        trace = load_trace(args.trace)
-    except (OSError, TraceError, ValueError) as exc:
-        print(f"kvstore replay: {exc}", file=sys.stderr)
-        return 2
-    limit = getattr(args, "limit", None)
-    if limit:
-        trace = trace[:limit]
-    show = not args.no_progress and sys.stderr.isatty()
     results = []
     for name in names:
         for router in args.router:
             with tqdm(total=len(trace), desc=f"{router} {name} x{args.workers}", unit="req",
-                      disable=not show, leave=False) as bar:
-                results.append(replay_fleet(trace, args.workers, router, name, budgets, cost,
+                      disable=not progress, leave=False) as bar:
+                results.append(replay_fleet(trace, args.workers, router, name, config, cost,
                                             args.seed, bar.update, args.min_match))
     print(format_fleet_table(results))
     if args.json:
+        model = config.model
         meta = {"trace": str(args.trace), "requests": len(trace), "workers": args.workers,
-                "seed": args.seed, "min_match": args.min_match, "tiers_per_worker": caps,
+                "seed": args.seed, "min_match": args.min_match,
+                "engine_blocks": config.engine_blocks,
+                "tiers_per_worker": {b.name: b.blocks for b in config.sidecar},
+                "hold_budget_blocks": config.hold_budget_blocks,
+                "engine_model": {"prefill_tokens_per_s": model.prefill_tokens_per_s,
+                                 "time_per_output_token_s": model.time_per_output_token_s,
+                                 "max_running": model.max_running,
+                                 "timed_transfers": model.timed_transfers,
+                                 "hold_max_s": config.hold_max_s,
+                                 "decode_saves": config.decode_saves,
+                                 "trust_end": config.trust_end,
+                                 "send_then": config.send_then},
                 "cost_model": {"prefill_tokens_per_s": cost.prefill_tokens_per_s,
                                "block_tokens": cost.block_tokens,
                                "block_bytes": cost.block_bytes,
@@ -330,30 +383,3 @@ def run_fleet(args: argparse.Namespace) -> int:
         doc = {"meta": meta, "results": [r.to_json() for r in results]}
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kvstore.replay.fleet",
-                                description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("trace", help="Mooncake JSONL trace (.gz or not)")
-    add_fleet_arguments(p)
-    p.set_defaults(workers=4)
-    p.add_argument("--policy", action="append", default=None,
-                   help=f"policy per worker, repeatable (default lru); one of "
-                        f"{', '.join(policies.available())}")
-    p.add_argument("--hbm-blocks", type=int, default=1000, metavar="N", help="per worker")
-    p.add_argument("--dram-blocks", type=int, default=0, metavar="N", help="per worker")
-    p.add_argument("--disk-blocks", type=int, default=0, metavar="N", help="per worker")
-    p.add_argument("--prefill-tps", type=float, default=CostModel().prefill_tokens_per_s,
-                   help="prefill tokens/s of the cost model (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random router")
-    p.add_argument("--limit", type=int, default=None, metavar="N",
-                   help="replay only the first N requests")
-    p.add_argument("--json", metavar="OUT", help="write results as JSON")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return run_fleet(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

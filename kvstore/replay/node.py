@@ -38,7 +38,7 @@ from kvstore.events import EventSink
 from kvstore.policies import Hint, TierSpec
 from kvstore.policies.cost import CostModel, read_bytes_per_s
 from kvstore.replay.driver import MEDIA, NAMESPACE, TierBudget, VirtualClock
-from kvstore.replay.engine_cache import EngineCache
+from kvstore.replay.engine_cache import CacheListener, EngineCache
 from kvstore.replay.served_config import (
     SIDECAR_TIERS,
     ServedConfig,
@@ -169,9 +169,11 @@ class ServedNode:
 
     def __init__(self, policy: str, config: ServedConfig, cost: CostModel,
                  decode_ids: Sequence[tuple[int, ...]] | None, sidecar: Sidecar,
-                 clock: VirtualClock, tiers: Sequence[str] | None = None) -> None:
+                 clock: VirtualClock, tiers: Sequence[str] | None = None,
+                 cache_listener: CacheListener | None = None) -> None:
         """``sidecar`` runs on ``clock`` (the node advances it); ``tiers``: the sidecar's
-        tier names (default ``config.sidecar``'s)."""
+        tier names (default ``config.sidecar``'s); ``cache_listener`` hears what the
+        engine's prefix cache publishes (vLLM's GPU events)."""
         self.policy = policy
         self.config = config
         self.cost = cost
@@ -179,7 +181,7 @@ class ServedNode:
         self.clock = clock
         self.sidecar = sidecar
         self.cache = EngineCache(config.engine_blocks, config.hold_budget_blocks,
-                                 config.hold_max_s)
+                                 config.hold_max_s, cache_listener)
         #: Per request (by trace index), its decode block ids; None: no decode saves.
         self.decode_ids = decode_ids
         names = (list(tiers) if tiers is not None
@@ -284,7 +286,8 @@ class ServedNode:
         if dec:
             tokens = self.cost.block_tokens
             n0 = min(req.input_length // tokens, len(req.hash_ids))
-            parent = req.hash_ids[n0 - 1].to_bytes(8, "big") if n0 else None
+            last = req.hash_ids[n0 - 1] if n0 else None
+            parent = last.to_bytes(8, "big") if last is not None else None
             blocks = []
             for d in dec:
                 h = d.to_bytes(8, "big")
@@ -292,7 +295,7 @@ class ServedNode:
                 parent = h
             await self.save(run, blocks)
             self.decode_saved += len(blocks)
-            run.engine_blocks = self.cache.extend(run.engine_blocks, dec)
+            run.engine_blocks = self.cache.extend(run.engine_blocks, dec, last)
         if req.cache_ttl_s:
             n = len(run.hashes) if req.cache_blocks is None else min(req.cache_blocks,
                                                                      len(run.hashes))

@@ -9,12 +9,13 @@ Routers (:data:`ROUTERS`), for each request in timestamp order:
 ``prefix``
     the worker with the least ``outstanding work - prefill seconds saved``.
     The saving is the worker's :class:`~kvstore.connectors.router.PrefixScorer`
-    score (longest consecutive cached prefix, from the event-built index) with
-    tier weights from the cost model (seconds a hit on that medium saves,
-    relative to recompute), and counts only when it is at least ``min_match`` of
-    the request's prefill (default 0.5, like the ``cache_threshold`` of SGLang's
-    cache-aware router); below it the request goes by load. Ties: fewest
-    requests so far. Without the threshold a prefix every request shares (a
+    score (longest consecutive cached prefix, from the event-built index: vLLM's
+    GPU cache and the sidecar's tiers) with tier weights from the cost model
+    (seconds a hit on that medium saves, relative to recompute: 1 on ``gpu``, the
+    engine's own cache, whose hits are reused in place), and counts only when it is
+    at least ``min_match`` of the request's prefill (default 0.5, like the
+    ``cache_threshold`` of SGLang's cache-aware router); below it the request goes
+    by load. Ties: fewest requests so far. Without the threshold a prefix every request shares (a
     system prompt: block 0 of every request of the conversation trace) pulls new
     sessions onto whichever worker cached it first whenever queues are short, so
     one worker's cache holds every session while the others sit empty.
@@ -34,11 +35,14 @@ from kvstore.policies.base import TierSpec
 from kvstore.policies.cost import CostModel
 from kvstore.replay.driver import MEDIA
 from kvstore.replay.trace import Request
+from kvstore.types import Medium
 
-__all__ = ["DEFAULT_MIN_MATCH", "ROUTERS", "Candidate", "LoadRouter", "PrefixRouter",
-           "RandomRouter", "Router", "make_router"]
+__all__ = ["DEFAULT_MIN_MATCH", "ENGINE_MEDIUM", "ROUTERS", "Candidate", "LoadRouter",
+           "PrefixRouter", "RandomRouter", "Router", "make_router"]
 
 ROUTERS = ("random", "load", "prefix")
+#: The medium the index files vLLM's own GPU cache under (its events say ``GPU``).
+ENGINE_MEDIUM = Medium.GPU.value.lower()
 #: Share of a request's prefill its cached prefix must save to count (SGLang: cache_threshold).
 DEFAULT_MIN_MATCH = 0.5
 
@@ -78,7 +82,8 @@ class LoadRouter:
 class PrefixRouter:
     """Least ``outstanding work - prefill seconds its cached prefix saves`` (see above).
 
-    The scorer's tier weights are the cost model's, so ``score * block_s`` is seconds.
+    The scorer's tier weights are the cost model's, so ``score * block_s`` is seconds;
+    ``specs`` are a worker's sidecar tiers (the engine's cache, medium ``gpu``, weighs 1).
     """
 
     def __init__(self, index: PrefixIndex, cost: CostModel, specs: Sequence[TierSpec],
@@ -86,8 +91,9 @@ class PrefixRouter:
         if not 0.0 <= min_match <= 1.0:
             raise ValueError(f"min_match must be in [0, 1], got {min_match}")
         self.block_s = cost.recompute_s(cost.block_tokens)
-        weights = {MEDIA[s.name].value.lower(): cost.saved_s(s) / self.block_s
-                   for s in specs}
+        weights = {ENGINE_MEDIUM: 1.0}
+        weights.update({MEDIA[s.name].value.lower(): cost.saved_s(s) / self.block_s
+                        for s in specs})
         self.scorer = PrefixScorer(index, weights)
         self.min_match = min_match
 

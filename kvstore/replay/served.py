@@ -59,6 +59,7 @@ from kvstore.replay.served_config import (
     EngineModel,
     ServedConfig,
     ServedResult,
+    check_sidecar_tiers,
     client_then,
     decode_block_ids,
     sidecar_alone,
@@ -185,9 +186,7 @@ class ServedReplay:
 
     def __init__(self, requests: Sequence[Request], policy: str, config: ServedConfig,
                  cost: CostModel, options: Mapping[str, Any] | None = None) -> None:
-        for b in config.sidecar:
-            if b.name not in SIDECAR_TIERS:
-                raise ValueError(f"sidecar tier {b.name!r}: one of {', '.join(SIDECAR_TIERS)}")
+        check_sidecar_tiers(config.sidecar)
         self.requests = requests
         self.policy = policy
         self.config = config

@@ -19,11 +19,20 @@ from kvstore.replay.trace import Request
 from kvstore.turns import AFTER_EVENTS, lookup_then
 
 __all__ = ["DEFAULT_HOLD_MAX_S", "DEFAULT_MAX_RUNNING", "DEFAULT_TPOT_S", "SIDECAR_TIERS",
-           "EngineModel", "ServedConfig", "ServedResult", "client_then", "decode_block_ids",
-           "percentile", "sidecar_alone"]
+           "EngineModel", "ServedConfig", "ServedResult", "check_sidecar_tiers", "client_then",
+           "decode_block_ids", "percentile", "sidecar_alone"]
 
 #: Sidecar tiers of the served topology, fastest first (the GPU is the engine's).
 SIDECAR_TIERS = ("dram", "disk", "redis")
+
+
+
+def check_sidecar_tiers(budgets: Sequence[TierBudget]) -> None:
+    """Refuse a sidecar tier that is not one of :data:`SIDECAR_TIERS` (the GPU is the
+    engine's own cache, ``engine_blocks``, never a tier of the sidecar)."""
+    for b in budgets:
+        if b.name not in SIDECAR_TIERS:
+            raise ValueError(f"sidecar tier {b.name!r}: one of {', '.join(SIDECAR_TIERS)}")
 
 
 #: Defaults of the engine model and the keeps (the CLI's too).
