@@ -31,7 +31,7 @@ _VALUE = itemgetter(0)
 
 
 class TierOwners:
-    __slots__ = ("_blocks", "capacity", "owner", "pos", "sizes", "used")
+    __slots__ = ("_blocks", "capacity", "groups", "owner", "pools", "pos", "sizes", "used")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -41,6 +41,11 @@ class TierOwners:
         self.pos: dict[Hashable, int] = {}
         self.sizes: dict[Hashable, int] = {}
         self._blocks: dict[Hashable, dict[Hashable, None]] = {}
+        #: bumped whenever an owner gains its first block here or loses its last (the
+        #: owners here, and the order they came in, are the same while it stays)
+        self.groups = 0
+        #: the pools among the owners here
+        self.pools: dict[Pool, None] = {}
 
     def __contains__(self, key: object) -> bool:
         return key in self.sizes
@@ -119,6 +124,9 @@ class TierOwners:
         blocks = self._blocks.get(session)
         if blocks is None:
             blocks = self._blocks[session] = {}
+            self.groups += 1
+            if isinstance(session, Pool):
+                self.pools[session] = None
         blocks[key] = None
 
     def _disown(self, key: Hashable) -> None:
@@ -129,6 +137,9 @@ class TierOwners:
         del blocks[key]
         if not blocks:
             del self._blocks[session]
+            self.groups += 1
+            if isinstance(session, Pool):
+                del self.pools[session]
 
     # -- sessions -----------------------------------------------------------------------
     def blocks_of(self, session: Hashable) -> dict[Hashable, None]:
@@ -144,10 +155,12 @@ class TierOwners:
         the order the sessions came to own blocks here: sessions need not be ordered)."""
         return sorted(((value(s), s) for s in self._blocks if s != skip), key=_VALUE)
 
-    def victims(self, value: Callable[[Hashable], float]) -> Iterator[Hashable]:
-        """Keys, sessions worst first, each one's tail first."""
+    def victims(self, order: Callable[[], Iterable[tuple[float, Hashable]]]
+                ) -> Iterator[Hashable]:
+        """Keys, owners in the order ``order()`` gives (:meth:`worst_first`'s, asked
+        for when the first key is read), each one's tail first."""
         pos = self.pos
-        for _v, s in self.worst_first(value):
+        for _v, s in order():
             blocks = self._blocks.get(s, ())
             yield from (list(blocks) if isinstance(s, Pool)
                         else sorted(blocks, key=pos.__getitem__, reverse=True))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Container, Hashable, Iterable, Iterator, Sequence
+from itertools import chain, islice
 from typing import Any, Self
 
 from kvstore.policies.base import BlockInfo, Plan, Policy, PolicyConfig, RequestInfo, TierSpec
@@ -49,22 +50,14 @@ class _ARC:
         self.b2: OrderedDict[Hashable, None] = OrderedDict()
 
     def order(self) -> Iterator[Hashable]:
-        """Candidates in ARC's order: T1 while it holds its target, then T2."""
-        virtual = len(self.t1)
-        t1, t2 = iter(self.t1.items()), iter(self.t2.items())
-        while True:
-            item = None
-            if virtual >= int(self.target):
-                item = next(t1, None)
-                if item is not None:
-                    virtual -= 1
-            if item is None:
-                item = next(t2, None)
-                if item is None:
-                    item = next(t1, None)  # T2 is done: what is left of T1
-                    if item is None:
-                        return
-            yield item[0]
+        """Candidates in ARC's order: T1 while it holds its target, then T2, then what
+        is left of T1. (T1 gives its oldest until what it has left is under the target:
+        all of it with a target of 0, else ``len(T1) - target + 1`` blocks; one chain of
+        C iterators, read lazily.)"""
+        n, target = len(self.t1), int(self.target)
+        first = n if target <= 0 else min(n, max(0, n - target + 1))
+        t1 = iter(self.t1)
+        return chain(islice(t1, first), self.t2, t1)
 
 
 class ARCPolicy(Policy):

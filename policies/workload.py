@@ -139,6 +139,16 @@ class WorkloadPolicy(Policy):
                                  for t in tiers}, hold_bar, max_running=max_sessions)
         self.window_s = window_s
         self._vcache: dict[tuple[Hashable, int], float] = {}
+        #: bumped on entering and leaving on_request and on_hint (what changes a
+        #: session's value happens there): a session's value is a pure function of
+        #: ``now`` and this epoch, so it is computed once per pair (``_memo``); and a
+        #: tier's order of owners once per pair, its owners and its pools' values
+        #: (``_orders``, per tier and skipped owner)
+        self._epoch = 0
+        self._memo: dict[Hashable, float] = {}
+        self._memo_at: tuple[float, int] | None = None
+        self._orders: dict[tuple[str, Hashable], tuple[tuple[Any, ...],
+                                                       list[tuple[float, Hashable]]]] = {}
         self.margin = margin
         self.keep_gap_s = keep_gap_s
         self.max_sessions = max_sessions
@@ -207,10 +217,37 @@ class WorkloadPolicy(Policy):
     def _value_at(self, name: Hashable, now: float) -> float:
         if isinstance(name, Pool):
             return self._pool_value(name, now)
-        s = self._sessions.get(name)
-        if s is None:
-            return 0.0
-        return self._value_of(s, now)
+        at = (now, self._epoch)
+        if at != self._memo_at:
+            self._memo.clear()
+            self._memo_at = at
+        v = self._memo.get(name)
+        if v is None:
+            # (computed again at the same ``now`` and epoch it hits ``_vcache`` only:
+            # the same value, and nothing changes, so it is not computed again)
+            s = self._sessions.get(name)
+            v = self._memo[name] = 0.0 if s is None else self._value_of(s, now)
+        return v
+
+    def _worst_first(self, tier: str, now: float, skip: Hashable | None = None
+                     ) -> list[tuple[float, Hashable]]:
+        """``TierOwners.worst_first`` of the tier valued at ``now``, sorted again only
+        when ``now``, the epoch, the owners there or a pool's value changed. A pool's
+        value (what its oldest block is worth) changes with its blocks, so it is
+        computed at every call, as every value was before; a session's is the memo's
+        then, the same value computed again."""
+        tr = self._t[tier]
+        pools = tuple([self._pool_value(p, now) for p in tr.pools if p != skip])
+        stamp = (now, self._epoch, tr.groups, pools)
+        key = (tier, skip)
+        cached = self._orders.get(key)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        order = tr.worst_first(lambda owner: self._value_at(owner, now), skip)
+        if len(self._orders) >= 64:  # (one entry per skipped session: keep it small)
+            self._orders.clear()
+        self._orders[key] = (stamp, order)
+        return order
 
     def _pool_value(self, pool: Pool, now: float) -> float:
         """A pool is worth what its least recently used block is: shared blocks of the
@@ -289,6 +326,13 @@ class WorkloadPolicy(Policy):
 
     # -- requests -----------------------------------------------------------------------
     def on_request(self, req: RequestInfo, now: float) -> Plan:
+        self._epoch += 1
+        try:
+            return self._on_request(req, now)
+        finally:
+            self._epoch += 1
+
+    def _on_request(self, req: RequestInfo, now: float) -> Plan:
         self._now = now
         self._vcache.clear()
         if req.worth:
@@ -530,7 +574,7 @@ class WorkloadPolicy(Policy):
         if room >= need:
             return need
         bar = value / self.margin
-        for v, other in tr.worst_first(self._value, skip=session):
+        for v, other in self._worst_first(tier, self._now, session):
             if v >= bar and v > 0.0:  # what is worth nothing goes for anyone
                 break
             room += sum(tr.sizes[k] for k in tr.blocks_of(other))
@@ -540,6 +584,14 @@ class WorkloadPolicy(Policy):
 
     # -- hints --------------------------------------------------------------------------
     def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:
+        self._epoch += 1
+        try:
+            return self._on_hint(hint, keys, now)
+        finally:
+            self._epoch += 1
+
+    def _on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float
+                 ) -> list[Move]:
         self._now = now
         name = hint.session_id
         s = self._session(name, hint.workload)
@@ -608,7 +660,7 @@ class WorkloadPolicy(Policy):
     def victims(self, tier: str, protected: Container[Hashable], now: float
                 ) -> Iterator[Hashable]:
         """Least valuable session (valued at ``now``) first, its chain's tail first."""
-        return self._t[tier].victims(lambda owner: self._value_at(owner, now))
+        return self._t[tier].victims(lambda: self._worst_first(tier, now))
 
     def demote_to(self, key: Hashable, tier: str, now: float) -> str | None:
         """The next tier, if it beats recompute and would admit the block's session."""
