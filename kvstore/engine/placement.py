@@ -242,19 +242,27 @@ class Placement(Room, Transfers):
                 del self._in_flight[key]
 
     async def _copy_prefix(self, entry: Entry, dst: str, extra: Container[Hashable]) -> None:
-        """Copy ``entry`` and its ancestors missing from ``dst`` there, oldest first."""
+        """Copy ``entry`` and its ancestors missing from ``dst`` there, oldest first.
+        Nothing is copied where an ancestor is stored nowhere (no lookup reaches the
+        chain any more), and the copies stop at the first that did not land: each
+        block's copy would otherwise retry its whole prefix again, 2^n calls for a
+        chain of n."""
         chain = [entry]
         seen = {id(entry)}
         ns = entry.key.namespace
         while (parent := chain[-1].meta.parent_hash) is not None:
             above = self.index.get_hash(ns, parent)
-            if above is None or dst in above.tiers or id(above) in seen:
+            if above is None:
+                return  # the chain's head is gone: none of it can be made durable
+            if dst in above.tiers or id(above) in seen:
                 break
             chain.append(above)
             seen.add(id(above))
         for e in reversed(chain):
             if dst not in e.tiers and e.tiers:
                 await self.copy(e, e.tiers[0], dst, extra)
+            if dst not in e.tiers:
+                return  # not copied (its prefix gone meanwhile, or no room): nor its children
 
     def forget(self, key: BlockKey, tier_name: str) -> None:
         """Forget ``key``'s copy in a tier (index, policy, event stream); its bytes are

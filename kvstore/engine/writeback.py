@@ -64,6 +64,30 @@ class WriteBack:
         model): a copy where it does not is worthless (no lookup serves from it)."""
         return bool(self.geometry.worth(namespace)[self.placement.rank(tier_name)])
 
+    def reachable(self, entry: Entry, memo: dict[int, bool]) -> bool:
+        """Whether every ancestor of ``entry`` is still stored (a lookup can reach it);
+        ``memo`` (by ``id`` of an entry) shares the walk between calls."""
+        index = self.placement.index
+        path: list[Entry] = []
+        e: Entry | None = entry
+        ok = True
+        while e is not None:
+            known = memo.get(id(e))
+            if known is not None:
+                ok = known
+                break
+            path.append(e)
+            parent = e.meta.parent_hash
+            if parent is None:
+                break
+            e = index.get_hash(e.key.namespace, parent)
+            if e is None or len(path) > len(index):
+                ok = False  # an ancestor is stored nowhere (or the chain loops)
+                break
+        for p in path:
+            memo[id(p)] = ok
+        return ok
+
     def durable_tier(self) -> str | None:
         """The fastest persistent tier (the disk), if there is one."""
         pl = self.placement
@@ -87,10 +111,10 @@ class WriteBack:
         rank, index = pl.rank, pl.index
 
         def unwritten() -> list[Entry]:
+            reach: dict[int, bool] = {}
             return [e for e in index.entries() if e.tiers and dst not in e.tiers
                     and rank(e.tiers[0]) < rank(dst) and self.worth_on(e.key.namespace, dst)
-                    and (e.meta.parent_hash is None
-                         or index.get_hash(e.key.namespace, e.meta.parent_hash) is not None)]
+                    and self.reachable(e, reach)]
 
         async def write_back(entries: list[Entry]) -> None:
             for entry in entries:  # stored order: parents before children, mostly

@@ -101,3 +101,38 @@ async def test_a_dropped_block_is_not_written_back(tmp_path):
     await eng.mover.drain()
     assert eng.index.tier_blocks["disk"] == 3
     await eng.close()
+
+
+async def test_a_chain_whose_head_was_deleted_is_not_copied_again_and_again(tmp_path,
+                                                                            monkeypatch):
+    """A chain waits in DRAM for its write-back and its head is deleted: no block of it
+    can be made durable (a lookup can no longer reach it). Each block's copy used to
+    retry its whole prefix, which retried its own (2^(n-2) copy calls for n blocks);
+    now the copies see the prefix gone and stop, a few calls per block."""
+    clock = Clock()
+    tiers = [MemoryTier(1 << 20, name="dram", medium=Medium.CPU),
+             DiskTier(tmp_path, 1 << 20, name="disk")]
+    eng = Engine(tiers, policies.create("lru", tier_specs(tiers)), RecordingSink(),
+                 clock=clock, write_back=False, max_write_delay_s=2.0)
+    await eng.start()
+    n = 16
+    chain = new_blocks(n, size=256, seed=7)
+    await eng.put("ns", chain)
+    await eng.delete("ns", [chain[0].block_hash])
+    pl = eng.placement
+    calls = 0
+    copy_once = pl._copy_once
+
+    async def counted(*args, **kw):
+        nonlocal calls
+        calls += 1
+        return await copy_once(*args, **kw)
+
+    monkeypatch.setattr(pl, "_copy_once", counted)
+    clock.t += 2.5
+    await eng.sweep()  # the recovery point queues every block left in DRAM
+    await eng.mover.drain()
+    assert await eng.drain(5.0) == 0  # none of it is reachable: none is left to write
+    assert eng.index.tier_blocks["disk"] == 0
+    assert calls <= 2 * n, calls
+    await eng.close()
