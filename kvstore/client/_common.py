@@ -236,6 +236,23 @@ def tags(session_id: str | None, workload: str | None, request_id: str | None
             "request_id": request_id or ""}
 
 
+def lookup_request(namespace: str, hashes: Sequence[bytes], session_id: str | None,
+                   workload: str | None, request_id: str | None, num_tokens: int,
+                   then: str | None, tool: str | None, expected_gap_ms: float | None,
+                   num_computed_tokens: int | None, *, hold: bool = False,
+                   lease_seconds: float = 0.0) -> pb.LookupRequest:
+    """The one ``LookupRequest`` every client's lookup sends (``lookup`` of both
+    clients, ``lookup_and_hold``): what the turn ends with (``then``, ``tool``,
+    ``expected_gap_ms``) and what the engine holds (``num_computed_tokens``, None:
+    unknown) reach the policy whichever form asked."""
+    return pb.LookupRequest(
+        namespace=namespace, block_hashes=list(map(bytes, hashes)),
+        session_id=session_id or "", workload=workload or "",
+        request_id=request_id or "", num_tokens=num_tokens, then=then or "",
+        tool=tool or "", expected_gap_ms=expected_gap_ms or 0.0,
+        num_computed_tokens=num_computed_tokens, hold=hold, lease_seconds=lease_seconds)
+
+
 def put_requests(namespace: str, blocks: Sequence[BlockData], tags: dict[str, str]
                  ) -> Iterator[pb.PutRequest]:
     for batch in batches(blocks, GRPC_MESSAGE_BYTES):

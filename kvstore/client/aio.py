@@ -24,6 +24,7 @@ from kvstore.client._common import (
     copy_into,
     fill_overflow,
     header,
+    lookup_request,
     put_requests,
     read_acquired,
     tags,
@@ -166,12 +167,9 @@ class AsyncKVStoreClient:
                      then: str | None = None, tool: str | None = None,
                      expected_gap_ms: float | None = None,
                      num_computed_tokens: int | None = None) -> LookupResult:
-        resp = await self._call(self._stub.Lookup, pb.LookupRequest(
-            namespace=namespace, block_hashes=list(map(bytes, hashes)),
-            session_id=session_id or "", workload=workload or "",
-            request_id=request_id or "", num_tokens=num_tokens, then=then or "",
-            tool=tool or "", expected_gap_ms=expected_gap_ms or 0.0,
-            num_computed_tokens=num_computed_tokens))
+        resp = await self._call(self._stub.Lookup, lookup_request(
+            namespace, hashes, session_id, workload, request_id, num_tokens, then, tool,
+            expected_gap_ms, num_computed_tokens))
         return LookupResult.from_pb(resp)
 
     async def get(self, namespace: str, hashes: Sequence[bytes]) -> list[BlockData | None]:

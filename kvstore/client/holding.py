@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
-from kvstore.client._common import LookupResult, acquired_slots
+from kvstore.client._common import LookupResult, acquired_slots, lookup_request
 from kvstore.client.held import HeldRead, Renewal
 from kvstore.client.inplace import InPlace
 from kvstore.errors import KVStoreError
@@ -49,21 +49,23 @@ class Holding(InPlace):
     def lookup_and_hold(self, namespace: str, hashes: Sequence[bytes],
                         session_id: str | None = None, workload: str | None = None, *,
                         request_id: str | None = None, lease_seconds: float = 0.0,
+                        num_tokens: int = 0, then: str | None = None,
+                        tool: str | None = None, expected_gap_ms: float | None = None,
                         num_computed_tokens: int | None = None
                         ) -> tuple[LookupResult, HeldRead | None]:
         """:meth:`lookup`, and the ``num_hit`` leading blocks held as
         :meth:`hold_in_place` holds them, in one round trip: for a reader that looks
         up a prefix and reads it at once. The lookup counts for the policy as any
-        other (``num_computed_tokens`` as :meth:`lookup` takes it). The held read
+        other, with the same arguments (``then``, ``tool``, ``expected_gap_ms``,
+        ``num_computed_tokens`` as :meth:`lookup` takes them). The held read
         (None when nothing is held: no hit, or no shared memory) has one entry per
         leading block; a block the lookup found in a tier shared between hosts is not
         held (its view is None, outside ``elsewhere``): read it with :meth:`get_each`."""
         hashes = [bytes(h) for h in hashes]
         hold = self.uses_shared_memory
-        resp: pb.LookupResponse = self._call(self._stub.Lookup, pb.LookupRequest(
-            namespace=namespace, block_hashes=hashes, session_id=session_id or "",
-            workload=workload or "", request_id=request_id or "", hold=hold,
-            lease_seconds=lease_seconds, num_computed_tokens=num_computed_tokens))
+        resp: pb.LookupResponse = self._call(self._stub.Lookup, lookup_request(
+            namespace, hashes, session_id, workload, request_id, num_tokens, then, tool,
+            expected_gap_ms, num_computed_tokens, hold=hold, lease_seconds=lease_seconds))
         found = LookupResult.from_pb(resp)
         if not (hold and resp.HasField("held")):
             return found, None

@@ -23,6 +23,7 @@ from kvstore.client._common import (
     block_from_pb,
     copy_into,
     fill_overflow,
+    lookup_request,
     put_requests,
     read_acquired,
     tags,
@@ -131,12 +132,9 @@ class KVStoreClient(Holding):
         policy decide the request's HBM keep (``LookupResult.keep_ms``);
         ``num_computed_tokens``, the prompt tokens the engine's own prefix cache holds
         (None: unknown), lets it judge what a keep gained past those."""
-        resp = self._call(self._stub.Lookup, pb.LookupRequest(
-            namespace=namespace, block_hashes=list(map(bytes, hashes)),
-            session_id=session_id or "", workload=workload or "",
-            request_id=request_id or "", num_tokens=num_tokens, then=then or "",
-            tool=tool or "", expected_gap_ms=expected_gap_ms or 0.0,
-            num_computed_tokens=num_computed_tokens))
+        resp = self._call(self._stub.Lookup, lookup_request(
+            namespace, hashes, session_id, workload, request_id, num_tokens, then, tool,
+            expected_gap_ms, num_computed_tokens))
         return LookupResult.from_pb(resp)
 
     def get(self, namespace: str, hashes: Sequence[bytes]) -> list[BlockData | None]:

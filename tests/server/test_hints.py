@@ -119,9 +119,12 @@ class EngineHitSpyPolicy(LRUPolicy):
 
     name = "engine-hit-spy"
     seen: list[int | None] = []
+    #: what each lookup said the turn ends with: (then, tool, expected_gap_s)
+    said: list[tuple[str, str, float | None]] = []
 
     def on_request(self, req: RequestInfo, now: float) -> Plan:
         EngineHitSpyPolicy.seen.append(req.engine_hit)
+        EngineHitSpyPolicy.said.append((req.then, req.tool, req.expected_gap_s))
         return super().on_request(req, now)
 
 
@@ -150,3 +153,30 @@ def test_the_lookup_carries_the_engines_own_hit(server_factory, monkeypatch):
             assert found.num_hit == 4 and held is not None
             held.let_go_all()
     assert EngineHitSpyPolicy.seen[-3:] == [1, 0, None]
+
+
+def test_lookup_and_hold_says_what_the_turn_ends_with_as_lookup_does(server_factory,
+                                                                      monkeypatch):
+    """``then``, ``tool`` and ``expected_gap_ms`` reach the policy from
+    ``lookup_and_hold`` as they do from ``lookup`` (before, the held form dropped them,
+    so a reader that looked up and held could not ask for a keep)."""
+    from kvstore import policies
+
+    monkeypatch.setitem(policies._REGISTRY, "engine-hit-spy",  # type: ignore[attr-defined]
+                        f"{__name__}:EngineHitSpyPolicy")
+    EngineHitSpyPolicy.said = []
+    srv = server_factory(engine={"policy": "engine-hit-spy"})
+    chain = make_chain(3, 4 * KiB, seed=9)
+    hashes = [b.block_hash for b in chain]
+    with KVStoreClient(srv.address, shared_memory=True) as c:
+        c.put("k", chain)
+        c.lookup("k", hashes, "s1", request_id="a", then="tool_call", tool="grep",
+                 expected_gap_ms=1500)
+        found, held = c.lookup_and_hold("k", hashes, "s1", request_id="b",
+                                        then="tool_call", tool="grep",
+                                        expected_gap_ms=1500)
+        assert found.num_hit == 3 and held is not None
+        held.let_go_all()
+        c.lookup_and_hold("k", hashes, "s1", request_id="c")
+    assert EngineHitSpyPolicy.said[-3:] == [("tool_call", "grep", 1.5),
+                                            ("tool_call", "grep", 1.5), ("", "", None)]
