@@ -39,9 +39,21 @@ crossed it (issue 24: on generated traces whose requests name no session, 1-5
 points below LRU).
 
 After a probation the bets get a trial. On named sessions a trial (the first one
-too) may also spend ``bank / backoff`` capacities below the score it starts from
+too) may also spend ``credit / backoff`` capacities below the score it starts from
 (the bets' keeps pay later than they cost, so a trial needs some credit; each lost trial costs that
-much at most, and they grow rarer). On traffic that names no session (the engine
+much at most, and they grow rarer), but never more than ``credit_per_allowance``
+allowances: a credit in capacities alone let a short trace lose up to two of them
+(a generated chat trace of 3,530 lookups behind an engine cache: 214 blocks of
+credit, the trace 1.05 points below LRU with the guard never handing over), while
+the early dips the credit is there for (a RAG trace: three blocks down, then 32 up)
+are a few allowances deep. That bound needs an exact ghost, which it is with one tier
+worth loading from; with two or more (DRAM and disk) it is one LRU over their
+capacities whose copies are instant, while the disk's write-backs take time and a
+block that leaves DRAM before its copy lands is gone: on the agent trace (first
+5,000 requests, engine 500, DRAM 1,000, disk 20,000) it counted about 2% of the
+lookups more hits for LRU than LRU makes, twenty-five allowances, and a credit
+bounded by allowances handed the lead to LRU for nothing (305 prefill seconds
+lost). There the credit stays in capacities. On traffic that names no session (the engine
 inferred the sessions) a trial starts only while the score is above
 ``-allowance``: those bets have no statement from the client to go on, so they
 spend only what the trace allows, and the total loss stays within the allowance
@@ -174,16 +186,19 @@ class AdaptivePolicy(Policy):
     def __init__(self, tiers: Sequence[TierSpec], cost: CostModel | None = None,
                  hbm_keep_max_s: float = 10.0, window: float = 16.0, bank: float = 2.0,
                  allowance_per_root: float = 0.2, min_allowance: float = 1.0,
+                 credit: float = 2.0, credit_per_allowance: float = 4.0,
                  counts_lead: float = 4.0, max_backoff: int = 64, floor_share: float = 0.01,
                  **bets: float) -> None:
         super().__init__(tiers)
         if window <= 0 or bank < 0:
             raise ValueError(f"window must be > 0 and bank >= 0 (capacities), "
                              f"got {window} and {bank}")
-        if allowance_per_root < 0 or min_allowance < 0 or counts_lead < 0:
-            raise ValueError(f"allowance_per_root, min_allowance and counts_lead must be "
-                             f">= 0, got {allowance_per_root}, {min_allowance} and "
-                             f"{counts_lead}")
+        if min(allowance_per_root, min_allowance, counts_lead, credit,
+               credit_per_allowance) < 0:
+            raise ValueError(f"allowance_per_root, min_allowance, counts_lead, credit and "
+                             f"credit_per_allowance must be >= 0, got {allowance_per_root}, "
+                             f"{min_allowance}, {counts_lead}, {credit} and "
+                             f"{credit_per_allowance}")
         if max_backoff < 1:
             raise ValueError(f"max_backoff must be >= 1, got {max_backoff}")
         if not 0 <= floor_share < 1:
@@ -200,6 +215,8 @@ class AdaptivePolicy(Policy):
         self._bettor: Policy = self.bets
         self.window = window
         self.bank = bank
+        self.credit = credit
+        self.credit_per_allowance = credit_per_allowance
         self.allowance_per_root = allowance_per_root
         self.min_allowance = min_allowance
         self.counts_lead = counts_lead
@@ -222,12 +239,14 @@ class AdaptivePolicy(Policy):
         self.count_advantage = 0.0
         self._span = 1.0  # the score window, in looked-up blocks
         self._bank = 0.0  # blocks
+        self._credit = 0.0  # blocks
         #: the score: real prefix hits - the ghost's over the trace, whoever leads, at
         #: most the bank
         self.advantage = 0.0
         self.swing = 0  # the sum of squared per-request differences
-        #: a trial on named sessions may also go down to this score (none: inf)
-        self._trial_floor = math.inf
+        #: a trial on named sessions: the score it started from and the most it may
+        #: spend below it (blocks); None: a trial without credit
+        self._trial: tuple[float, float] | None = None
         #: "bets" or "lru"
         self.leader = "bets"
         self.switches = 0
@@ -253,7 +272,8 @@ class AdaptivePolicy(Policy):
         blocks = max(1, cap // self._size)
         self._span = self.window * blocks
         self._bank = self.bank * blocks
-        self._trial_floor = -self._bank  # the first trial's credit (named sessions)
+        self._credit = self.credit * blocks
+        self._trial = (0.0, self._credit)  # the first trial's credit (named sessions)
         self._left = self._span
         return self._ghost
 
@@ -273,6 +293,20 @@ class AdaptivePolicy(Policy):
         """What the trace may lose to LRU so far, in blocks: ``allowance_per_root``
         sqrt(sum of squared per-request differences), at least ``min_allowance``."""
         return max(self.min_allowance, self.allowance_per_root * math.sqrt(self.swing))
+
+    def _floor(self) -> float:
+        """The score below which the bets lose the lead: ``-allowance``, or on a trial
+        with credit, what it started from less its credit, if lower. With one tier
+        worth loading from, the credit is at most ``credit_per_allowance`` allowances;
+        with more, the ghost only approximates LRU (see the module's docstring) and
+        the credit stays in capacities."""
+        allowance = self.allowance()
+        if self._trial is None:
+            return -allowance
+        start, credit = self._trial
+        if self.floor is None:
+            credit = min(credit, self.credit_per_allowance * allowance)
+        return min(-allowance, start - credit)
 
     def _score(self, req: RequestInfo) -> None:
         """Play the lookup on the ghost and add the paired difference (real prefix hits
@@ -300,7 +334,7 @@ class AdaptivePolicy(Policy):
         self.swing += diff * diff
         self.advantage = min(self.advantage + diff, self._bank)
         if self.leader == "bets":
-            if self.advantage < min(-self.allowance(), self._trial_floor):  # lost
+            if self.advantage < self._floor():  # lost
                 self.leader = "lru"
                 self.switches += 1
                 self._left = self._backoff * self._span  # probation
@@ -314,8 +348,7 @@ class AdaptivePolicy(Policy):
                 return  # nothing left to spend: LRU stays (checked every request)
             self.leader = "bets"  # a trial
             self.switches += 1
-            self._trial_floor = (math.inf if unnamed else
-                                 self.advantage - self._bank / self._backoff)
+            self._trial = None if unnamed else (self.advantage, self._credit / self._backoff)
             self._left = self._backoff * self._span
 
     # -- placement ----------------------------------------------------------------------

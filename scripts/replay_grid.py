@@ -14,12 +14,18 @@ with a 0.2-point tolerance and failures are listed at the end).
   .venv/bin/python scripts/replay_grid.py --only agent --agent-limit 8000
   .venv/bin/python scripts/replay_grid.py --only ablation      # hints vs no ``after``
   .venv/bin/python scripts/replay_grid.py --only generated --sessionless  # no session named
+  .venv/bin/python scripts/replay_grid.py --only generated --engine-share 0.05 \
+      --shares 0.1,0.3,0.6 --first-seed 11   # served topology, seeds no figure was tuned on
 
 Generated traces are small (``--sessions``, ``--scale``) and their capacities are
 shares of the trace's distinct blocks (``--shares``), so every kind is tight, middling
 and loose whatever its size. ``--sessionless`` removes every generated request's
 ``session_id``, ``workload`` and ``after`` (as a Mooncake-style trace: the engine infers
-the sessions); those are checked never below LRU as well. ``--jobs`` runs replays in
+the sessions); those are checked never below LRU as well. ``--engine-share`` plays the
+generated traces in the served topology instead (vLLM's prefix cache of that share of the
+distinct blocks in front of the DRAM, a hold budget of a quarter of it, requests timed by
+the default engine model: ``kvstore replay --engine-blocks E --dram-blocks N``); there is
+no offline bound for it, so those tables have no Belady row. ``--jobs`` runs replays in
 parallel processes.
 """
 
@@ -42,6 +48,7 @@ from kvstore.replay.belady import belady_hit_rate
 from kvstore.replay.driver import TierBudget
 from kvstore.replay.generate import KINDS, GenConfig, generate
 from kvstore.replay.served import replay_served, sidecar_alone
+from kvstore.replay.served_config import ServedConfig
 from kvstore.replay.trace import Request, load_trace
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
@@ -51,10 +58,16 @@ POLICIES = ("lru", "vllm-lru", "vllm-arc", "ttl", "workload", "adaptive")
 TOLERANCE = 0.002
 
 
-def _one(args: tuple[Sequence[Request], str, int]) -> float:
-    reqs, policy, blocks = args
-    cfg = sidecar_alone([TierBudget("dram", blocks)])
-    res = asyncio.run(replay_served(reqs, policy, cfg, CostModel()))
+#: ``--adaptive-option`` values: the adaptive policy's constructor options (ablations)
+ADAPTIVE_OPTIONS: dict[str, float] = {}
+
+
+def _one(args: tuple[Sequence[Request], str, int, int, dict[str, float]]) -> float:
+    reqs, policy, blocks, engine, adaptive = args
+    cfg = (ServedConfig(engine, (TierBudget("dram", blocks),), engine // 4) if engine
+           else sidecar_alone([TierBudget("dram", blocks)]))
+    options = adaptive if policy == "adaptive" and adaptive else None
+    res = asyncio.run(replay_served(reqs, policy, cfg, CostModel(), options=options))
     return res.hit_rate
 
 
@@ -63,18 +76,21 @@ def _bound(args: tuple[Sequence[Request], int]) -> float:
 
 
 def grid(pool: ProcessPoolExecutor, reqs: Sequence[Request], caps: Sequence[int],
-         names: Sequence[str]) -> dict[str, list[float]]:
-    """Hit rate per policy (and ``belady-bypass``) per capacity."""
-    jobs = {(p, c): pool.submit(_one, (reqs, p, c)) for p in names for c in caps}
-    bounds = {c: pool.submit(_bound, (reqs, c)) for c in caps}
+         names: Sequence[str], engine: int = 0) -> dict[str, list[float]]:
+    """Hit rate per policy (and ``belady-bypass``, for the sidecar alone) per DRAM
+    capacity, behind an engine cache of ``engine`` blocks (0: none)."""
+    jobs = {(p, c): pool.submit(_one, (reqs, p, c, engine, ADAPTIVE_OPTIONS))
+            for p in names for c in caps}
+    bounds = {} if engine else {c: pool.submit(_bound, (reqs, c)) for c in caps}
     out = {p: [jobs[p, c].result() for c in caps] for p in names}
-    out["belady-bypass"] = [bounds[c].result() for c in caps]
+    if bounds:
+        out["belady-bypass"] = [bounds[c].result() for c in caps]
     return out
 
 
 def table(title: str, caps: Sequence[int], rows: dict[str, list[float]]) -> str:
     lru = rows["lru"]
-    bound = rows["belady-bypass"]
+    bound = rows.get("belady-bypass", lru)  # none behind an engine cache: no gap share
     lines = [f"### {title}", "", "| policy | " + " | ".join(f"{c:,}" for c in caps) + " |",
              "|---|" + "---|" * len(caps)]
     for p, vals in rows.items():
@@ -126,11 +142,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--duration-s", type=float, default=1800.0)
     p.add_argument("--shares", default="0.05,0.15,0.4",
                    help="generated capacities as shares of the trace's distinct blocks")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="generated seeds first-seed .. first-seed + seeds - 1 (seeds no "
+                        "figure was tuned on: 11 and up)")
+    p.add_argument("--engine-share", type=float, default=0.0,
+                   help="generated traces in the served topology: vLLM's cache of this "
+                        "share of the distinct blocks in front of the DRAM (hold budget a "
+                        "quarter of it, requests timed); 0 (default): the sidecar alone")
+    p.add_argument("--adaptive-option", action="append", default=[], metavar="NAME=VALUE",
+                   help="an option of the adaptive policy (an ablation, e.g. "
+                        "credit_per_allowance=inf: the trial credit before it was bounded)")
     p.add_argument("--sessionless", action="store_true",
                    help="generated traces with no session named (session_id, workload "
                         "and after removed)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = p.parse_args(argv)
+    for opt in args.adaptive_option:
+        name, sep, value = opt.partition("=")
+        if not sep:
+            p.error(f"--adaptive-option takes NAME=VALUE, got {opt!r}")
+        try:
+            ADAPTIVE_OPTIONS[name] = float(value)
+        except ValueError:
+            p.error(f"--adaptive-option {name}: {value!r} is not a number")
     parts = args.only or ["agent", "conversation", "generated"]
     names = args.policy or list(POLICIES)
     failures: list[str] = []
@@ -166,15 +200,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             shares = [float(s) for s in args.shares.split(",")]
             for kind in args.kinds.split(","):
                 label = f"{kind} (no session named)" if args.sessionless else kind
+                if args.engine_share:
+                    label += f", behind an engine cache of {args.engine_share:g}"
                 per_seed: list[dict[str, list[float]]] = []
-                for seed in range(args.seeds):
+                for seed in range(args.first_seed, args.first_seed + args.seeds):
                     reqs = generate(kind, GenConfig(args.sessions, args.duration_s, seed,
                                                     args.scale))
                     if args.sessionless:
                         reqs = sessionless(reqs)
                     distinct = len({h for r in reqs for h in r.hash_ids})
                     caps = [max(4, round(s * distinct)) for s in shares]
-                    rows = grid(pool, reqs, caps, names)
+                    engine = round(args.engine_share * distinct)
+                    rows = grid(pool, reqs, caps, names, engine)
                     per_seed.append(rows)
                     for n in names:
                         if n in ("workload", "adaptive"):
