@@ -113,7 +113,8 @@ class Lookups:
         keep_s = max(0.0, plan.keep_s)
         # (only the missing blocks have a plan: the ones after the hit prefix)
         planner.requests.plan(keys[nhit:], plan.admit, [True] * (len(keys) - nhit), now)
-        planner.requests.open(request_id, OpenRequest(namespace, keys, session, wl, now, keep_s))
+        planner.requests.open(request_id, OpenRequest(namespace, keys, session, wl, now, keep_s,
+                                                      named=bool(session_id)))
         planner.sessions.used(session, keys, now)
         # tail first: the head ends most recent (one call for every hit)
         pl.policy.on_access_many(keys[nhit - 1::-1] if hit else [], first[::-1], now)

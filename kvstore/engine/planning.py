@@ -97,7 +97,9 @@ class Planner:
                                     block_bytes)
             if last_tokens:
                 req = replace(req, last_tokens=last_tokens)
-            if not session_id and opened is None:
+            # Named if this store names it, or the lookup that opened its request did
+            # (decode blocks saved under the request of an unnamed lookup are unnamed too).
+            if not session_id and (opened is None or not opened.named):
                 req = replace(req, session_named=False)
             plan = self.placement.policy.on_request(req, now)
             self.sessions.used(session, keys, now)

@@ -39,6 +39,8 @@ class OpenRequest:
     workload: str
     started: float
     keep_s: float = 0.0  # the HBM keep the policy decided at its lookup
+    #: its lookup named the session (False: the engine inferred it from the chain)
+    named: bool = True
 
 
 class Requests:
