@@ -101,21 +101,31 @@ class TierOwners:
                 self._disown(key)
                 self._own(key, session)
 
-    def claim_run(self, keys: Sequence[Hashable], session: Hashable) -> None:
+    def claim_run(self, keys: Sequence[Hashable], session: Hashable,
+                  at: dict[Hashable, int] | None = None) -> None:
         """:meth:`claim_many` of ``(keys[j], session, j)`` for every ``j``: where the
         session owns every one of them already, only their positions, in one C-level
         pass (a session's prefix coming back); where a pool does (distinct keys: a
-        shared prefix coming back), their positions and each its newest, in C too."""
+        shared prefix coming back), their positions and each its newest, in C too.
+        ``at``: ``dict(zip(keys, range(len(keys))))`` of distinct keys, where the caller
+        has it (their hashes are not computed again)."""
         n = len(keys)
-        if (all(map(self.sizes.__contains__, keys))
-                and list(map(self.owner.get, keys)).count(session) == n):
-            pool = isinstance(session, Pool)
-            if not pool or len(set(keys)) == n:
-                self.pos.update(zip(keys, range(n), strict=True))
-                if pool:  # out of the pool's order and back at its end, in order
-                    blocks = self._blocks[session]
+        # (a key owned is a key stored here: claims skip the others, removals disown)
+        if session is not None and list(map(self.owner.get, keys)).count(session) == n:
+            if not isinstance(session, Pool):
+                self.pos.update(zip(keys, range(n), strict=True) if at is None else at)
+                return
+            if at is None:
+                at = dict(zip(keys, range(n), strict=True))
+            if len(at) == n:
+                self.pos.update(at)  # (the hashes known)
+                # out of the pool's order and back at its end, in order
+                blocks = self._blocks[session]
+                if len(blocks) == n:  # (the pool holds just these keys)
+                    blocks.clear()
+                else:
                     deque(map(blocks.__delitem__, keys), 0)
-                    blocks.update(dict.fromkeys(keys))
+                blocks.update(dict.fromkeys(at))
                 return
         self.claim_many(zip(keys, repeat(session), range(n)))
 

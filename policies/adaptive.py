@@ -117,7 +117,7 @@ from kvstore.policies.base import (
 )
 from kvstore.policies.cost import CostModel
 from kvstore.policies.frequency import FrequencyGhost, FrequencyPolicy
-from kvstore.policies.lru import LRUPolicy
+from kvstore.policies.lru import LRUPolicy, _at_the_end
 from kvstore.policies.workload import WorkloadPolicy
 
 __all__ = ["AdaptivePolicy", "LRUGhost"]
@@ -148,10 +148,15 @@ class LRUGhost:
         """Play one lookup as LRU would; returns its prefix hits."""
         ghost = self.keys
         move = ghost.move_to_end
-        if all(map(ghost.__contains__, keys)):  # all held: each touched, last block
-            deque(map(move, reversed(keys)), 0)  # first, in one pass
+        if keys and _at_the_end(ghost, keys[::-1]):  # the last lookup's, again: nothing
+            self.lost = 0  # to move
+            return len(keys)
+        try:  # all held: each touched, last block first, in one pass
+            deque(map(move, reversed(keys)), 0)
             self.lost = 0
             return len(keys)
+        except KeyError:
+            pass  # one not held: the loops below make every move again, in order
         hits = 0
         for k in keys:
             if k not in ghost:

@@ -69,17 +69,36 @@ class ReuseCounts:
             move(k)
         while len(counts) > self.max_tracked:
             counts.popitem(last=False)
-        self._left -= len(keys)
+        return self._aged(len(keys))
+
+    def add_distinct(self, keys: Sequence[Hashable]) -> list[int] | None:
+        """:meth:`add` of distinct ``keys`` in C-level passes: their counts after it, in
+        order, or None when it aged every count (the halved counts: read them afresh).
+        The same counts and order as :meth:`add` (each key set, then made the most
+        recently counted: with no key twice, all of them last, in order)."""
+        counts = self._counts
+        news = list(map(_PLUS_ONE, map(counts.get, keys, repeat(0))))
+        counts.update(zip(keys, news, strict=True))
+        deque(map(counts.move_to_end, keys), 0)
+        while len(counts) > self.max_tracked:
+            counts.popitem(last=False)
+        return None if self._aged(len(keys)) else news
+
+    def _aged(self, added: int) -> bool:
+        self._left -= added
         if self._left > 0:
             return False
         self._left = self.period
         self.halvings += 1
-        self._counts = OrderedDict((k, c >> 1) for k, c in counts.items() if c > 1)
+        self._counts = OrderedDict((k, c >> 1) for k, c in self._counts.items() if c > 1)
         return True
 
 
 def _zero(key: Hashable, default: int) -> int:
     return 0
+
+
+_PLUS_ONE = (1).__add__
 
 
 class _Tier:
@@ -108,25 +127,33 @@ class _Tier:
             new = self.buckets[count] = {}
         new[key] = None
 
-    def file_many(self, keys: Sequence[Hashable], count: Callable[[Hashable, int], int]
-                  ) -> None:
-        """:meth:`file` of each of ``keys`` it holds, in order, under ``count(key, 0)``."""
+    def file_many(self, keys: Sequence[Hashable], count: Callable[[Hashable, int], int],
+                  distinct: dict[Hashable, None] | None = None,
+                  counted: Sequence[int] | None = None) -> None:
+        """:meth:`file` of each of ``keys`` it holds, in order, under ``count(key, 0)``.
+        ``distinct``: ``dict.fromkeys(keys)``, and ``counted``: ``count`` of each key,
+        where the caller has them already (one pass fewer each)."""
         at, buckets = self.at, self.buckets
         n = len(keys)
         if n > 1:
             olds = list(map(at.get, keys))
-            news = list(map(count, keys, repeat(0)))
-            old, c = olds[0], news[0]
-            if old is not None and olds.count(old) == n and news.count(c) == n:
-                moved: dict[Hashable, None] = dict.fromkeys(keys)
-                if len(moved) == n:
+            old = olds[0]
+            if old is not None and olds.count(old) == n:
+                news = counted if counted is not None else list(map(count, keys, repeat(0)))
+                c = news[0]
+                moved = distinct if distinct is not None else (
+                    dict.fromkeys(keys) if news.count(c) == n else None)
+                if moved is not None and len(moved) == n and news.count(c) == n:
                     # Distinct keys, all filed under one count and going to one: out of
                     # the old bucket and appended to the new one in order, in C (the
                     # same buckets, in the same order, as one :meth:`file` each).
                     b = buckets[old]
-                    deque(map(b.__delitem__, keys), 0)
+                    if len(b) == n:  # (the bucket holds just these keys)
+                        b.clear()
+                    else:
+                        deque(map(b.__delitem__, keys), 0)
                     if c != old:
-                        at.update(zip(keys, news, strict=True))
+                        at.update(dict.fromkeys(moved, c))  # (the hashes known)
                     if c != old and not b:
                         del buckets[old]
                     new = buckets.get(c)
@@ -202,19 +229,32 @@ class FrequencyPolicy(Policy):
             self._worth = tuple(req.worth)
         keys = req.keys
         counts = self._counts(req.block_bytes) if req.block_bytes else None
-        if counts is not None and counts.add(keys):
+        # Distinct keys (a chain's, always) are counted in C-level passes, and their
+        # new counts and the dict of them serve every tier's refiling below.
+        distinct = dict.fromkeys(keys) if counts is not None and len(keys) > 1 else None
+        news: list[int] | None = None
+        if counts is not None and distinct is not None and len(distinct) == len(keys):
+            news = counts.add_distinct(keys)
+            halved = news is None
+        else:
+            distinct = None
+            halved = counts is not None and counts.add(keys)
+        if halved and counts is not None:
             for tr in self._t.values():  # every count halved: refile what is stored
                 for k in list(tr.at):
                     tr.file(k, counts[k])
         elif counts is not None:
-            hit = (keys if None not in req.hit_tiers and len(keys) == len(req.hit_tiers) else
+            all_hit = None not in req.hit_tiers and len(keys) == len(req.hit_tiers)
+            hit = (keys if all_hit else
                    [k for k, t in zip(keys, req.hit_tiers, strict=True) if t is not None])
             if hit:
                 # Each tier refiles the hits it holds, in order (the tiers' filings are
                 # independent: the same as key by key, tier by tier, in C-level passes).
                 cget = counts._counts.get
+                if not all_hit:
+                    distinct = news = None
                 for tr in self._t.values():
-                    tr.file_many(hit, cget)
+                    tr.file_many(hit, cget, distinct, news)
         hit_tiers = req.hit_tiers
         if None not in hit_tiers:  # (all hits: nothing to admit)
             return Plan({})

@@ -11,8 +11,22 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Container, Hashable, Iterable, Sequence
+from itertools import islice
+from typing import Any
 
 from kvstore.policies.base import BlockInfo, Policy, TierSpec
+
+
+def _at_the_end(order: OrderedDict[Hashable, Any], keys: Sequence[Hashable]) -> bool:
+    """Whether ``keys`` are the last ones of ``order``, in order (moving each to the
+    end would leave it as it is): one C-level read of the tail and a comparison that
+    finds the same objects (a lookup's keys are the stored ones)."""
+    n = len(keys)
+    if n > len(order):
+        return False
+    tail = list(islice(reversed(order), n))
+    tail.reverse()
+    return tail == keys
 
 
 class LRUPolicy(Policy):
@@ -36,9 +50,13 @@ class LRUPolicy(Policy):
         lrus = self._lru
         if keys and len(keys) == len(tiers) and tiers.count(tiers[0]) == len(tiers):
             lru = lrus[tiers[0]]  # one tier (a lookup's hits, mostly): one pass
-            if all(map(lru.__contains__, keys)):
+            if _at_the_end(lru, keys):
+                return  # (touched last, in this order: the moves would change nothing)
+            try:
                 deque(map(lru.move_to_end, keys), 0)
                 return
+            except KeyError:
+                pass  # one not held: the loop below makes every move again, in order
         for key, tier in zip(keys, tiers, strict=True):
             lru = lrus[tier]
             if key in lru:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+from collections import Counter
 from collections.abc import Hashable, Sequence
 
 __all__ = ["GRID", "ReturnTimes"]
@@ -108,12 +109,17 @@ class ReturnTimes:
         """:meth:`returned` of each gap."""
         if not gaps:
             return
-        bins = [i for i in map(functools.partial(bisect.bisect_left, GRID), gaps) if i < _N]
+        # Per bin, not per gap (a lookup's shared prefix is one gap per block, and
+        # they fall in a few bins): counted in C, then one add per bin (whole numbers,
+        # so the sum is the one adding 1 per gap made).
+        tally = Counter(map(functools.partial(bisect.bisect_left, GRID), gaps))
+        ended = sum(m for i, m in tally.items() if i < _N)
         for c in self._both(cls):
             cnt = c.cnt
-            for i in bins:
-                cnt[i] += 1
-            c.dirty += len(bins)
+            for i, m in tally.items():
+                if i < _N:
+                    cnt[i] += m
+            c.dirty += ended
 
     def waits(self, cls: Hashable) -> float:
         c = self._classes.get(cls)

@@ -365,9 +365,10 @@ class WorkloadPolicy(Policy):
         gaps: list[float] = []
         starts = 0
         claims: dict[str, list[tuple[Hashable, Hashable, int]]] = {}
-        if self._claim_run(keys, hit, name, mine):
+        prevs = list(map(uses.get, keys))  # (read by both runs: neither writes if it fails)
+        if self._claim_run(keys, hit, name, mine, prevs):
             pass  # (the session's own prefix back: done in C-level passes)
-        elif (run := self._pooled_run(keys, hit, name, pool, pooled)) is not None:
+        elif (run := self._pooled_run(keys, hit, name, pool, pooled, prevs)) is not None:
             gaps, starts = run, len(run)  # (a prefix of the pool's: C-level passes too)
         else:
             for j, (k, t) in enumerate(zip(keys, hit, strict=True)):
@@ -417,16 +418,17 @@ class WorkloadPolicy(Policy):
         return Plan(admit, keep_s=self._keep_s(s, req, admit))
 
     def _claim_run(self, keys: Sequence[Hashable], hit: Sequence[str | None],
-                   name: Hashable, mine: tuple[Hashable, float]) -> bool:
+                   name: Hashable, mine: tuple[Hashable, float],
+                   prevs: list[tuple[Hashable, float] | None]) -> bool:
         """:meth:`on_request`'s walk over the keys in C-level passes, for the common
         case only (False: nothing done): the session's prefix back (each key last used
         by this session, none shared), then keys never seen, the hits a prefix of
-        them in one tier. The same uses, claims and positions as the walk."""
+        them in one tier. The same uses, claims and positions as the walk. ``prevs``:
+        each key's use (``self._uses.get``)."""
         n = len(keys)
         if not n or len(hit) != n:
             return False
         uses = self._uses
-        prevs = list(map(uses.get, keys))
         fresh = prevs.count(None)
         m = n - fresh  # keys known, a prefix
         if m:
@@ -452,31 +454,35 @@ class WorkloadPolicy(Policy):
         return True
 
     def _pooled_run(self, keys: Sequence[Hashable], hit: Sequence[str | None],
-                    name: Hashable, pool: Pool, pooled: tuple[None, float]
-                    ) -> list[float] | None:
+                    name: Hashable, pool: Pool, pooled: tuple[None, float],
+                    prevs: list[Any]) -> list[float] | None:
         """:meth:`on_request`'s walk in C-level passes for its other common case (None:
         nothing done): every key distinct and last used by the workload's pool (a
         prefix shared between sessions, as a system prompt is), the hits a prefix of
         them in one tier. The same uses and claims as the walk; returns the keys'
-        reuse gaps (each key a shared start)."""
+        reuse gaps (each key a shared start). ``prevs``: each key's use."""
         n = len(keys)
         if not n or len(hit) != n or name is None:
             return None
         uses = self._uses
-        prevs: list[Any] = list(map(uses.get, keys))  # (no None past the check)
         if None in prevs or list(map(_FIRST, prevs)).count(None) != n:
             return None
-        if len(uses) > self.max_sessions * 10 or len(set(keys)) != n:
+        if len(uses) > self.max_sessions * 10:
+            return None
+        # key -> chain position (and: are they distinct?)
+        at = dict(zip(keys, range(n), strict=True))
+        if len(at) != n:
             return None
         nh = n - hit.count(None)  # hits, a prefix in one tier
         if nh and (hit[0] is None or hit.count(hit[0]) != nh
                    or (nh < n and hit.index(None) != nh)):
             return None
-        uses.update(zip(keys, repeat(pooled)))
+        uses.update(dict.fromkeys(at, pooled))  # (the hashes known: no second hashing)
         if nh:
             t0 = hit[0]
             assert t0 is not None
-            self._t[t0].claim_run(keys[:nh] if nh < n else keys, pool)
+            self._t[t0].claim_run(keys[:nh] if nh < n else keys, pool,
+                                  at if nh == n else None)
         return list(map(sub, repeat(pooled[1]), map(_SECOND, prevs)))
 
     # -- the HBM keep -------------------------------------------------------------------

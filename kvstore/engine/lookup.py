@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from itertools import repeat
-from operator import is_
+from operator import attrgetter, is_, itemgetter
 
 from kvstore.engine.index import Entry
 from kvstore.engine.mover import Transfer
@@ -31,6 +31,8 @@ __all__ = ["Lookup", "Lookups"]
 
 #: Longest tool name a lookup passes on to the policy (client strings).
 _MAX_TOOL_NAME = 128
+#: An entry's tiers, the first of them, its key: read over a lookup's hits in C passes.
+_TIERS, _FIRST, _KEY = attrgetter("tiers"), itemgetter(0), attrgetter("meta.key")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +82,7 @@ class Lookups:
         nhit = missing.index(True) if True in missing else len(found)
         hit: list[Entry] = found[:nhit]  # type: ignore[assignment]  # (no None before nhit)
         #: the fastest tier of each hit block (one list, read by every step below)
-        first = [e.tiers[0] for e in hit]
+        first: list[str] = list(map(_FIRST, map(_TIERS, hit)))
         worth = planner.geometry.worth(namespace)
         tiers = pl.tiers
         worthy = {name: worth[pl.rank(name)] for name in set(first)}
@@ -100,7 +102,7 @@ class Lookups:
             return Lookup(media, planner.store_count(namespace, hashes, served, now),
                           opened.keep_s, repeat=True)
         session = planner.session(namespace, session_id, hashes)
-        keys = [e.meta.key for e in hit]
+        keys: list[BlockKey] = list(map(_KEY, hit))
         keys += [BlockKey(namespace, h) for h in hashes[nhit:]]
         hit_tiers: list[str | None] = list(first)
         hit_tiers += [None] * (len(keys) - nhit)

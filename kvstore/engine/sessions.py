@@ -24,12 +24,16 @@ block owners per namespace and shared blocks (older generations are forgotten).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, filterfalse, repeat
+from operator import ne
 
 from kvstore.types import SessionKey
 
 __all__ = ["Sessions"]
+
+_PLUS_ONE = (1).__add__
 
 
 class _Inferer:
@@ -125,7 +129,7 @@ class Sessions:
             inf = self._inferers[namespace] = _Inferer(self.max_inferred)
         return inf.session_for(hashes)
 
-    def used(self, session: SessionKey, keys: Iterable[Hashable], now: float) -> None:
+    def used(self, session: SessionKey, keys: Sequence[Hashable], now: float) -> None:
         """``session`` used ``keys`` at ``now``."""
         s = self._sessions.get(session)
         if s is None:
@@ -134,16 +138,23 @@ class Sessions:
             self._sessions.move_to_end(session)
         s.last = now
         mine, users, first = s.keys, self._users, self._first
-        for k in keys:
-            if k not in mine:
-                mine[k] = None
-                users[k] = users.get(k, 0) + 1
-                if k in first:
-                    if first[k] != session:
-                        first[k] = None  # shared from now on
-                else:
-                    old = self._old_first.get(k, session)
-                    first[k] = None if old != session else session
+        # The keys new to the session (its own prefix again: none), in order, once each,
+        # recorded in C-level passes: what a loop over them setting each key's users
+        # and first user would record, in the same order.
+        new = dict.fromkeys(filterfalse(mine.__contains__, keys))
+        if new:
+            mine.update(new)
+            users.update(zip(new, map(_PLUS_ONE, map(users.get, new, repeat(0))),
+                             strict=True))
+            # first user: a key seen first by another session is shared from now on
+            known = list(filter(first.__contains__, new))
+            first.update(dict.fromkeys(compress(known, map(ne, map(
+                first.__getitem__, known), repeat(session))), None))
+            if len(known) < len(new):
+                unseen = list(filterfalse(first.__contains__, new)) if known else list(new)
+                first.update(dict.fromkeys(unseen, session))
+                first.update(dict.fromkeys(compress(unseen, map(ne, map(
+                    self._old_first.get, unseen, repeat(session)), repeat(session))), None))
         if len(first) > self.max_inferred:
             self._old_first, self._first = first, {}
         self.expire(now)

@@ -14,8 +14,9 @@ from kvstore.policies import frequency as freq_mod
 from kvstore.policies._owners import TierOwners
 from kvstore.policies.adaptive import AdaptivePolicy, LRUGhost
 from kvstore.policies.base import BlockInfo, Plan, RequestInfo, TierSpec
-from kvstore.policies.frequency import FrequencyGhost, FrequencyPolicy
+from kvstore.policies.frequency import FrequencyGhost, FrequencyPolicy, ReuseCounts
 from kvstore.policies.lru import LRUPolicy
+from kvstore.policies.returns import ReturnTimes
 from kvstore.policies.workload import WorkloadPolicy
 
 TIERS = [TierSpec("dram", 24, 20e9), TierSpec("disk", 60, 3e9)]
@@ -23,8 +24,8 @@ TIERS = [TierSpec("dram", 24, 20e9), TierSpec("disk", 60, 3e9)]
 
 # -- the per-key reference --------------------------------------------------------------
 class _RefTier(freq_mod._Tier):
-    def file_many(self, keys: Sequence[Hashable], count: Any) -> None:
-        for k in keys:
+    def file_many(self, keys: Sequence[Hashable], count: Any, *_: Any) -> None:
+        for k in keys:  # (the caller's distinct keys and counts not used)
             if k in self.at:
                 self.file(k, count(k, 0))
 
@@ -59,10 +60,23 @@ class _RefGhostLRU(LRUGhost):
         return hits
 
 
+class _RefCounts(ReuseCounts):
+    """Every add the per-key loop."""
+
+    def add_distinct(self, keys: Sequence[Hashable]) -> list[int] | None:
+        return None if self.add(keys) else [self[k] for k in keys]
+
+
 class _RefFrequency(FrequencyPolicy):
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self._t = {t.name: _RefTier(t.capacity_bytes) for t in self.tiers}
+
+    def _counts(self, block_bytes: int) -> ReuseCounts:
+        if self.counts is None:
+            counts = super()._counts(block_bytes)
+            self.counts = _RefCounts(counts.period, counts.max_tracked)
+        return self.counts
 
     def on_access_many(self, keys: Sequence[Hashable], tiers: Sequence[str], now: float
                        ) -> None:
@@ -112,7 +126,19 @@ class _RefFrequencyGhost(FrequencyGhost):
         return hits
 
 
+class _RefReturns(ReturnTimes):
+    __slots__ = ()
+
+    def returned_many(self, cls: Hashable, gaps: Sequence[float]) -> None:
+        for gap in gaps:  # one gap at a time
+            self.returned(cls, gap)
+
+
 class _RefWorkload(WorkloadPolicy):
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.returns.__class__ = _RefReturns
+
     def _claim_run(self, *a: Any) -> bool:
         return False  # always the per-key walk
 
@@ -171,7 +197,8 @@ def _state(p: AdaptivePolicy) -> tuple[Any, ...]:
         return out
 
     counts = p.freq.counts
-    return (p.leader, p.switches, p.advantage, p.count_advantage, p.room_lost,
+    returns = [(c, k.n, list(k.cnt), k.cdf, k.dirty) for c, k in p.bets.returns._classes.items()]
+    return (returns, p.leader, p.switches, p.advantage, p.count_advantage, p.room_lost,
             p._bettor.name, list(p.bets._uses.items()), list(p.bets._old_uses.items()),
             tiers_of(p.bets), tiers_of(p.freq),
             list(counts._counts.items()) if counts is not None else None,

@@ -109,3 +109,61 @@ def test_a_shared_prefix_looked_up_by_another_session_costs_no_call_per_block() 
         return _python_calls(lambda: p.on_request(req, 5.0))
 
     assert calls_for(500) == calls_for(50)
+
+
+def _python_lines(fn: Any) -> int:
+    """Lines of Python run while ``fn()`` runs: a Python loop over a lookup's blocks
+    runs lines per block, a C-level pass (map, dict.update, deque) none."""
+    import sys
+
+    lines = [0]
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line":
+            lines[0] += 1
+        return local
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        return local
+
+    old = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        fn()
+    finally:
+        sys.settrace(old)
+    return lines[0]
+
+
+def test_a_first_lookup_of_a_stored_chain_runs_no_python_line_per_block() -> None:
+    """The served path's policy calls for the first lookup of a chain earlier requests
+    stored (a new request; its session's own prefix, a prefix other sessions shared,
+    one that names no session): the default policy's experts (the workload bets, the
+    reuse counts, LRU) and its ghosts count, refile, claim and touch the blocks in
+    C-level passes. Pinned as lines of Python run: the same for 500 blocks as for 50
+    (it was thousands per lookup: a loop per block in the reuse counts' add and in
+    the shared prefix's return gaps)."""
+    from kvstore.policies.adaptive import AdaptivePolicy
+
+    def lines_for(n: int, session: str, named: bool) -> int:
+        p = AdaptivePolicy(TIERS)
+        keys: list[Hashable] = [("chain", j) for j in range(n)]
+        for k in keys:  # stored by a first request, written back to disk
+            for t in ("dram", "disk"):
+                p.on_insert(BlockInfo(k, 64, None, "a", "chat", 16, n), t, 0.0)
+        for step, s in enumerate(("a", "b", "~0", "a")):  # looked up before: sessions
+            req = RequestInfo(keys, ["dram"] * n, s, "chat", 64, 16, 16,  # a, b, unnamed
+                              session_named=not s.startswith("~"))
+            p.on_request(req, float(step))
+            p.on_access_many(keys[::-1], ["dram"] * n, float(step))
+        req = RequestInfo(keys, ["dram"] * n, session, "chat", 64, 16, 16,
+                          session_named=named)
+
+        def lookup() -> None:
+            p.on_request(req, 5.0)
+            p.on_access_many(keys[::-1], ["dram"] * n, 5.0)
+
+        return _python_lines(lookup)
+
+    for session, named in (("a", True), ("c", True), ("~0", False), ("~1", False)):
+        assert lines_for(500, session, named) == lines_for(50, session, named), session
