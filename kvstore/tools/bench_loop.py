@@ -4,9 +4,9 @@ What a call costs the server's event loop, timed as the loop thread's CPU time
 (``time.thread_time``) rather than wall time, so that other jobs on a shared machine
 move it little: the Lookup of 1,000 stored hashes (request parsed and response
 serialised as gRPC would; without a session, as ``kvstore bench`` sends it, and with
-one), and Reserve, Commit (with the writer's checksums, as the client sends them) and
-Acquire per block of a batch. Everything but the transport is the served path: the
-server is :class:`~kvstore.server.app.KVStoreServer` on the embedded defaults
+one), and Reserve, Commit (the payloads written into the slots and their checksums sent,
+as a client does) and Acquire per block of a batch. Everything but the transport is the
+served path: the server is :class:`~kvstore.server.app.KVStoreServer` on the embedded defaults
 ``kvstore serve`` starts with (DRAM and disk; ``--dram-only``: the server ``kvstore
 bench`` starts), on the loop ``kvstore serve`` runs (:func:`~kvstore.server.app.run_served`),
 and every call goes to the servicer object its gRPC server runs
@@ -86,11 +86,13 @@ async def _run(lookups: int, block: int, blocks: int, batches: int, dram_only: b
     import xxhash
 
     from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
+    from kvstore.client.segments import SegmentCache
     from kvstore.server.app import KVStoreServer, settle_startup
     from kvstore.tools.measure import make_blocks
 
     data = tempfile.mkdtemp(prefix="kvstore-bench-loop-")
     srv = KVStoreServer(served_config(data, block * blocks, dram_only))
+    segments = SegmentCache()
     await srv.start()
     settle_startup()
     ctx = _Context()
@@ -139,7 +141,8 @@ async def _run(lookups: int, block: int, blocks: int, batches: int, dram_only: b
             t_reserve = time.thread_time() - t
             resv = pb.ReserveResponse.FromString(wire_resv)
             slots = []
-            for s, c in zip(resv.slots, sums, strict=True):
+            for s, c, b in zip(resv.slots, sums, batch, strict=True):
+                segments.region(s)[:] = b.payload  # (the writer's copy, not timed)
                 d = pb.SlotDescriptor()
                 d.CopyFrom(s)
                 d.checksum = c
@@ -158,6 +161,9 @@ async def _run(lookups: int, block: int, blocks: int, batches: int, dram_only: b
             lease.SerializeToString()
             t_acquire = time.thread_time() - t
             await sv.Release(pb.ReleaseRequest(lease_id=lease.lease_id), ctx)
+            # (written back before the delete: a slot committed with the wrong bytes
+            # fails its write-back's checksum, and ``transfers_failed`` says so)
+            await _written_back(eng, ns, [b.block_hash for b in batch])
             await eng.delete(ns, [b.block_hash for b in batch])
             if rep >= 2:
                 cpu["reserve"].append(t_reserve)
@@ -165,7 +171,7 @@ async def _run(lookups: int, block: int, blocks: int, batches: int, dram_only: b
                 cpu["acquire"].append(t_acquire)
         return {
             "load_average": round(os.getloadavg()[0], 2), "policy": eng.policy.name,
-            "tiers": list(eng.tiers),
+            "tiers": list(eng.tiers), "transfers_failed": eng.mover.failed,
             **{key: {"calls": lookups, **{k.replace("_us", "_ms"): round(v / 1e3, 3)
                                           for k, v in _cpu_us(lookup_cpu[session], 1).items()}}
                for key, session in (("lookup_1000", ""), ("lookup_1000_named", "bench-session"))},
@@ -173,6 +179,7 @@ async def _run(lookups: int, block: int, blocks: int, batches: int, dram_only: b
                           **{op: _cpu_us(v, blocks) for op, v in cpu.items()}},
         }
     finally:
+        segments.close()
         await srv.stop(0)
         gc.unfreeze()  # (a process that goes on, a test's: its objects collected again)
 
