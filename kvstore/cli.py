@@ -46,16 +46,20 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _run_server(cfg: Any) -> None:
-    from kvstore.server.app import KVStoreServer, settle_startup
+    from kvstore.server.app import KVStoreServer
+    from kvstore.server.heap import keep_frozen, settle_startup
 
     server = KVStoreServer(cfg)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    keeper: asyncio.Task[None] | None = None
     try:
         await server.start()
         settle_startup()
+        if cfg.server.gc_freeze_s > 0:
+            keeper = loop.create_task(keep_frozen(cfg.server.gc_freeze_s))
         print(f"kvstore listening on {cfg.server.listen} (port {server.port}); "
               f"metrics on :{server.metrics_port or 'off'}; data dir {cfg.data_dir}; "
               f"{server.recovered} blocks recovered", flush=True)
@@ -63,6 +67,8 @@ async def _run_server(cfg: Any) -> None:
         await stop.wait()
         log.info("stopping")
     finally:
+        if keeper is not None:
+            keeper.cancel()
         await server.stop()
 
 

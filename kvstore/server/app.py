@@ -8,7 +8,6 @@ of start.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from collections.abc import Coroutine
@@ -34,7 +33,7 @@ from kvstore.server.looplag import LoopLag
 from kvstore.server.servicer import KVStoreServicer
 from kvstore.tiers.base import Tier
 
-__all__ = ["KVStoreServer", "build_tiers", "run_served", "settle_startup"]
+__all__ = ["KVStoreServer", "build_tiers", "run_served"]
 
 T = TypeVar("T")
 
@@ -52,15 +51,6 @@ def run_served(main: Coroutine[Any, Any, T]) -> T:
     except ImportError:  # pragma: no cover - non-Linux
         return asyncio.run(main)
     return uvloop.run(main)
-
-
-def settle_startup() -> None:
-    """What start-up made (modules, stubs, the recovered index) lives as long as the
-    process: keep it out of the collector's full passes, which otherwise walk it on
-    the event loop (measured: 70 ms pauses under a save storm). The process's own
-    choice, so not in :class:`KVStoreServer` (tests run many in one process)."""
-    gc.collect()
-    gc.freeze()
 
 
 def build_tiers(cfg: Config) -> list[Tier]:

@@ -15,6 +15,8 @@ command                what it measures                            module
 ``bench-events``       event stream throughput and latency         :mod:`.bench_events`
 ``bench-loop``         the event loop's CPU per Lookup and per     :mod:`.bench_loop`
                        Reserve / Commit / Acquire block
+``bench-gc``           the collector's pauses on the event loop,   :mod:`.bench_gc`
+                       the heap frozen or not
 ``bench-lmcache``      LMCache backends vs the kvstore plugin      :mod:`.lmcache.bench`
 ``bench-lmcache-compare``, ``bench-lmcache-breakdown``             :mod:`.lmcache`
                        (run these three in the LMCache venv)
@@ -43,6 +45,8 @@ PASSTHROUGH: dict[str, tuple[str, str]] = {
     "bench-events": ("kvstore.tools.bench_events", "event stream throughput and latency"),
     "bench-loop": ("kvstore.tools.bench_loop", "the event loop's CPU per Lookup and per "
                    "Reserve / Commit / Acquire block, in process"),
+    "bench-gc": ("kvstore.tools.bench_gc", "the cyclic collector's pauses on the event loop, "
+                 "heap frozen or not, in process"),
     "bench-lmcache": ("kvstore.tools.lmcache.bench",
                       "LMCache CPU / redis:// / kvstore plugin (LMCache venv)"),
     "bench-lmcache-compare": ("kvstore.tools.lmcache.compare",

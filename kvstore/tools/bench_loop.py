@@ -87,7 +87,8 @@ async def _run(lookups: int, block: int, blocks: int, batches: int, dram_only: b
 
     from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
     from kvstore.client.segments import SegmentCache
-    from kvstore.server.app import KVStoreServer, settle_startup
+    from kvstore.server.app import KVStoreServer
+    from kvstore.server.heap import settle_startup
     from kvstore.tools.measure import make_blocks
 
     data = tempfile.mkdtemp(prefix="kvstore-bench-loop-")
