@@ -15,6 +15,22 @@ from kvstore.types import BlockKey, Medium
 from tests.engine.test_engine import Clock, KiB, engine_over, new_blocks
 
 
+def _dram_and_disk(tmp_path, policy: str = "lru", *, demotions: bool = True,
+                   **engine_options) -> tuple[Engine, Clock]:
+    """An engine over a 1 MiB DRAM tier and a 1 MiB disk tier under ``policy`` (with
+    ``demotions`` False, one that never asks for a write-back), on a clock the test
+    moves, with a recovery point 2 s after a store."""
+    clock = Clock()
+    tiers = [MemoryTier(1 << 20, name="dram", medium=Medium.CPU),
+             DiskTier(tmp_path, 1 << 20, name="disk")]
+    pol = policies.create(policy, tier_specs(tiers))
+    if not demotions:
+        pol.demote_to = lambda key, tier, now: None  # type: ignore[method-assign]
+    eng = Engine(tiers, pol, RecordingSink(), clock=clock, max_write_delay_s=2.0,
+                 **engine_options)
+    return eng, clock
+
+
 def _disk_order(sink: RecordingSink) -> list[BlockKey]:
     return [m.key for kind, metas, medium in sink.calls if kind == "stored"
             and medium == Medium.DISK for m in metas]  # type: ignore[union-attr]
@@ -63,12 +79,7 @@ async def test_a_block_whose_prefix_is_stored_nowhere_stays_off_disk(tmp_path):
 async def test_the_recovery_point_writes_back_under_every_policy(tmp_path, name):
     """Even with a policy that never asks for a write-back (its ``demote_to`` says no),
     every block stored reaches disk at its recovery point, not before."""
-    clock = Clock()
-    tiers = [MemoryTier(1 << 20, name="dram", medium=Medium.CPU),
-             DiskTier(tmp_path, 1 << 20, name="disk")]
-    policy = policies.create(name, tier_specs(tiers))
-    policy.demote_to = lambda key, tier, now: None  # type: ignore[method-assign]
-    eng = Engine(tiers, policy, RecordingSink(), clock=clock, max_write_delay_s=2.0)
+    eng, clock = _dram_and_disk(tmp_path, name, demotions=False)
     await eng.start()
     blocks = new_blocks(6, seed=4)
     stored = 0
@@ -87,11 +98,7 @@ async def test_the_recovery_point_writes_back_under_every_policy(tmp_path, name)
 async def test_a_dropped_block_is_not_written_back(tmp_path):
     """What the policy dropped before its recovery point (judged worthless) costs no
     disk write."""
-    clock = Clock()
-    tiers = [MemoryTier(1 << 20, name="dram", medium=Medium.CPU),
-             DiskTier(tmp_path, 1 << 20, name="disk")]
-    eng = Engine(tiers, policies.create("lru", tier_specs(tiers)), RecordingSink(),
-                 clock=clock, write_back=False, max_write_delay_s=2.0)
+    eng, clock = _dram_and_disk(tmp_path, write_back=False)
     await eng.start()
     chain = new_blocks(4, seed=5)
     await eng.put("ns", chain)
@@ -109,11 +116,7 @@ async def test_a_chain_whose_head_was_deleted_is_not_copied_again_and_again(tmp_
     can be made durable (a lookup can no longer reach it). Each block's copy used to
     retry its whole prefix, which retried its own (2^(n-2) copy calls for n blocks);
     now the copies see the prefix gone and stop, a few calls per block."""
-    clock = Clock()
-    tiers = [MemoryTier(1 << 20, name="dram", medium=Medium.CPU),
-             DiskTier(tmp_path, 1 << 20, name="disk")]
-    eng = Engine(tiers, policies.create("lru", tier_specs(tiers)), RecordingSink(),
-                 clock=clock, write_back=False, max_write_delay_s=2.0)
+    eng, clock = _dram_and_disk(tmp_path, write_back=False)
     await eng.start()
     n = 16
     chain = new_blocks(n, size=256, seed=7)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from kvstore.policies import Plan, RequestInfo
 from kvstore.policies.lru import LRUPolicy
 
@@ -128,15 +129,22 @@ class EngineHitSpyPolicy(LRUPolicy):
         return super().on_request(req, now)
 
 
-def test_the_lookup_carries_the_engines_own_hit(server_factory, monkeypatch):
-    """``num_computed_tokens`` (vLLM's own prefix-cache hit) reaches the policy as the
-    blocks the engine holds; absent, it is unknown (None), not 0."""
+@pytest.fixture
+def spy_server(server_factory, monkeypatch):
+    """A server whose policy is :class:`EngineHitSpyPolicy` (its records emptied)."""
     from kvstore import policies
 
     monkeypatch.setitem(policies._REGISTRY, "engine-hit-spy",  # type: ignore[attr-defined]
                         f"{__name__}:EngineHitSpyPolicy")
     EngineHitSpyPolicy.seen = []
-    srv = server_factory(engine={"policy": "engine-hit-spy"})
+    EngineHitSpyPolicy.said = []
+    return server_factory(engine={"policy": "engine-hit-spy"})
+
+
+def test_the_lookup_carries_the_engines_own_hit(spy_server):
+    """``num_computed_tokens`` (vLLM's own prefix-cache hit) reaches the policy as the
+    blocks the engine holds; absent, it is unknown (None), not 0."""
+    srv = spy_server
     chain = make_chain(4, 4 * KiB, seed=5)
     hashes = [b.block_hash for b in chain]
     with KVStoreClient(srv.address) as c:
@@ -155,17 +163,11 @@ def test_the_lookup_carries_the_engines_own_hit(server_factory, monkeypatch):
     assert EngineHitSpyPolicy.seen[-3:] == [1, 0, None]
 
 
-def test_lookup_and_hold_says_what_the_turn_ends_with_as_lookup_does(server_factory,
-                                                                      monkeypatch):
+def test_lookup_and_hold_says_what_the_turn_ends_with_as_lookup_does(spy_server):
     """``then``, ``tool`` and ``expected_gap_ms`` reach the policy from
     ``lookup_and_hold`` as they do from ``lookup`` (before, the held form dropped them,
     so a reader that looked up and held could not ask for a keep)."""
-    from kvstore import policies
-
-    monkeypatch.setitem(policies._REGISTRY, "engine-hit-spy",  # type: ignore[attr-defined]
-                        f"{__name__}:EngineHitSpyPolicy")
-    EngineHitSpyPolicy.said = []
-    srv = server_factory(engine={"policy": "engine-hit-spy"})
+    srv = spy_server
     chain = make_chain(3, 4 * KiB, seed=9)
     hashes = [b.block_hash for b in chain]
     with KVStoreClient(srv.address, shared_memory=True) as c:
