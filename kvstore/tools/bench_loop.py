@@ -41,6 +41,12 @@ class _Context:
     def set_trailing_metadata(self, md: Any) -> None:
         pass
 
+    def set_code(self, code: Any) -> None:
+        raise RuntimeError(f"the call failed: {code}")
+
+    def set_details(self, details: str) -> None:
+        pass
+
     async def abort(self, code: Any, details: str) -> None:
         raise RuntimeError(f"{code}: {details}")
 

@@ -9,6 +9,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import pytest
 
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
@@ -96,3 +97,40 @@ def test_gc_freeze_s_is_checked() -> None:
     for bad in (-1, float("nan"), 7200):
         with pytest.raises(ConfigError, match="server.gc_freeze_s"):
             load_config(env={}, overrides={"server": {"gc_freeze_s": bad}})
+
+
+async def test_a_failed_call_is_answered_without_raising_through_grpc(tmp_path: Any) -> None:
+    """A KVStoreError becomes the call's status, details and ``kvstore-error`` trailer,
+    set on the context; the handler returns. (``context.abort`` raised an exception that
+    the call's state and its traceback hold in a cycle: each failed call in flight at a
+    freeze leaked it.)"""
+
+    class Recording(_Context):
+        def __init__(self) -> None:
+            self.said: dict[str, Any] = {}
+
+        def set_trailing_metadata(self, md: Any) -> None:
+            self.said["trailer"] = md
+
+        def set_code(self, code: Any) -> None:
+            self.said["code"] = code
+
+        def set_details(self, details: str) -> None:
+            self.said["details"] = details
+
+        async def abort(self, code: Any, details: str) -> None:
+            raise AssertionError("aborted")
+
+    srv = KVStoreServer(served_config(str(tmp_path), dram_only=True))
+    await srv.start()
+    assert srv.servicer is not None
+    ctx = Recording()
+    try:
+        answer = await srv.servicer.Lookup(
+            pb.LookupRequest(namespace="n", block_hashes=[b"short"]), ctx)
+    finally:
+        await srv.stop(0)
+    assert answer is None
+    assert ctx.said["code"] == grpc.StatusCode.INVALID_ARGUMENT
+    assert "32 bytes" in ctx.said["details"], ctx.said["details"]
+    assert ctx.said["trailer"] == (("kvstore-error", "InvalidBlock"),)
