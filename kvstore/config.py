@@ -105,7 +105,7 @@ class ServerConfig:
     #: the survivors frozen (``gc.freeze``), so the cyclic collector never walks the
     #: whole index on the event loop (0.3-0.8 s at 100,000-200,000 stored blocks);
     #: 0: Python's own collections (see ``kvstore.server.heap``).
-    gc_freeze_s: float = 1.0
+    gc_freeze_s: float = 0.25
 
     def validate(self) -> None:
         parse_hostport(self.listen, "server.listen")

@@ -107,7 +107,7 @@ async def _run(blocks: int, block: int, every_s: float) -> dict[str, Any]:
     return {"load_average": round(os.getloadavg()[0], 2), "rows": rows}
 
 
-def run(blocks: int = 100_000, block: int = 1024, every_s: float = 1.0) -> dict[str, Any]:
+def run(blocks: int = 100_000, block: int = 1024, every_s: float = 0.25) -> dict[str, Any]:
     if blocks < _PER_PUT or every_s <= 0:
         raise ValueError(f"blocks must be >= {_PER_PUT} and every_s > 0, got {blocks} and "
                          f"{every_s}")
@@ -123,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-bytes", type=int, default=1024,
                    help="payload bytes per block (default 1024: the heap, not the bytes, "
                         "is measured)")
-    p.add_argument("--every-s", type=float, default=1.0,
-                   help="the frozen run's server.gc_freeze_s (default 1)")
+    p.add_argument("--every-s", type=float, default=0.25,
+                   help="the frozen run's server.gc_freeze_s (default 0.25, the server's)")
     p.add_argument("--json", help="write the results as JSON here")
     args = p.parse_args(argv)
     r = run(args.blocks, args.block_bytes, args.every_s)
