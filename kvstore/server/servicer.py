@@ -13,7 +13,7 @@ import functools
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 
@@ -93,16 +93,16 @@ def _fail(context: grpc.aio.ServicerContext[Any, Any], exc: KVStoreError) -> Non
     context.set_details(_details(exc))
 
 
-def _unary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T | None]]:
+def _unary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     @functools.wraps(fn)
-    async def wrapper(self: Any, request: Any, context: Any) -> T | None:
+    async def wrapper(self: Any, request: Any, context: Any) -> T:
         try:
             if hasattr(request, "DESCRIPTOR"):  # (not a Put stream: checked per message)
                 check_names(request)
             return await fn(self, request, context)
         except KVStoreError as exc:
             _fail(context, exc)
-            return None  # (not sent: the status is not OK)
+            return cast(T, None)  # (never sent: the status is not OK)
 
     return wrapper
 
