@@ -22,8 +22,10 @@ class ChildIndex:
         self._parent: dict[Hashable, Hashable | None] = {}
         self._sizes: dict[Hashable, int] = {}
         # Keyed by parent whether or not the parent is cached, so a child stored
-        # before its parent is linked as soon as the parent arrives.
-        self._children: dict[Hashable, set[Hashable]] = {}
+        # before its parent is linked as soon as the parent arrives. A parent with one
+        # child (every block of a chain but its last) holds a 1-tuple, a set from the
+        # second child on: an empty set alone is 216 bytes, and the collector tracks it.
+        self._children: dict[Hashable, tuple[Hashable] | set[Hashable]] = {}
         # Where the last walk from a root stopped (the deepest block it left), so the
         # next one starts there instead of walking down the chain again; stamped with
         # the epoch, which moves whenever a block with cached children leaves (the
@@ -40,7 +42,14 @@ class ChildIndex:
         self._parent[key] = parent
         self._sizes[key] = size
         if parent is not None:
-            self._children.setdefault(parent, set()).add(key)
+            kids = self._children.get(parent)
+            if kids is None:
+                self._children[parent] = (key,)
+            elif isinstance(kids, tuple):
+                if kids[0] != key:
+                    self._children[parent] = {kids[0], key}
+            else:
+                kids.add(key)
 
     def remove(self, key: Hashable) -> None:
         if self._sizes.pop(key, None) is None:
@@ -51,7 +60,10 @@ class ChildIndex:
         parent = self._parent.pop(key, None)
         if parent is not None:
             kids = self._children.get(parent)
-            if kids is not None:
+            if isinstance(kids, tuple):
+                if kids[0] == key:
+                    del self._children[parent]
+            elif kids is not None:
                 kids.discard(key)
                 if not kids:
                     del self._children[parent]
