@@ -4,7 +4,7 @@ CPython's collector walks every container object of the generations it collects,
 whichever thread's allocation triggers it: in the server, the event loop. A sidecar's
 heap is mostly its index and its policy's bookkeeping, about a dozen tracked objects per
 stored block, which live as long as the block, so a full collection walks all of them:
-with 100,000 blocks stored it took 230-330 ms, with 200,000 650-820 ms, and every
+with 100,000 blocks stored it took 230-350 ms, with 200,000 620-820 ms, and every
 Lookup, Reserve and Commit waited behind it (the vLLM scheduler's step behind the
 Lookup). ``kvstore bench-gc`` measures it.
 
@@ -15,8 +15,8 @@ frees them when their last reference goes). :func:`keep_frozen` does it again ev
 holds only what the last interval made), so no collection ever walks more than an
 interval's survivors.
 
-The price: a reference cycle that includes a frozen object is never collected. The
-server makes none: its blocks, entries and plans are freed by reference counting, and
+The price: a reference cycle that includes a frozen object is never collected. None
+of the server's is known: its blocks, entries and plans are freed by reference counting, and
 a failed call is answered with its status set on the call's context, not with
 ``context.abort``, whose exception and the call's state hold each other (that cycle
 leaked ~50 objects per failed call in flight at a freeze: 11 of 291 with one call in
