@@ -1,10 +1,11 @@
 """``kvstore bench-gc``: the cyclic collector's pauses on the event loop, heap frozen or not.
 
 Fills a server (``kvstore serve``'s embedded defaults, DRAM only, in process, on its
-loop) with ``--blocks`` blocks through the servicer's Put, 500 a call, twice in one
-process: with Python's own collections (``server.gc_freeze_s = 0``) and with the heap
-frozen every ``--every-s`` seconds (:func:`~kvstore.server.heap.keep_frozen`, what
-``kvstore serve`` runs), in turn. Every collection is timed (``gc.callbacks``): they run
+loop: :func:`~kvstore.tools.bench_loop.served_config`) with ``--blocks`` blocks through
+the servicer's Put, 500 a call, as a client sends them, twice in one process: with
+Python's own collections (``server.gc_freeze_s = 0``) and with the heap frozen every
+``--every-s`` seconds (:func:`~kvstore.server.heap.keep_frozen`, what ``kvstore serve``
+runs), in turn. Every collection is timed (``gc.callbacks``): they run
 on the event loop, and nothing else runs there meanwhile. Then one full collection of
 the filled server is timed, as the next automatic one would be.
 """
@@ -30,21 +31,14 @@ _PER_PUT = 500
 
 
 async def _fill(blocks: int, block: int, every_s: float) -> dict[str, Any]:
-    from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
-    from kvstore.config import load_config
+    from kvstore.client._common import put_requests
     from kvstore.server.app import KVStoreServer
     from kvstore.server.heap import keep_frozen, settle_startup
-    from kvstore.tools.bench_loop import _Context
-    from kvstore.tools.harness import free_port
+    from kvstore.tools.bench_loop import _Context, served_config
     from kvstore.tools.measure import make_blocks
 
-    cfg = load_config(env={}, overrides={
-        "data_dir": tempfile.mkdtemp(prefix="kvstore-bench-gc-"),
-        "server": {"listen": f"127.0.0.1:{free_port()}", "metrics_port": 0,
-                   "gc_freeze_s": every_s},
-        "events": {"endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"},
-        "disk": {"enabled": False}, "dram": {"capacity": blocks * block + (256 << 20)}})
-    srv = KVStoreServer(cfg)
+    srv = KVStoreServer(served_config(tempfile.mkdtemp(prefix="kvstore-bench-gc-"),
+                                      blocks * block, dram_only=True))
     await srv.start()
     settle_startup()
     keeper = asyncio.get_running_loop().create_task(keep_frozen(every_s)) if every_s else None
@@ -63,16 +57,14 @@ async def _fill(blocks: int, block: int, every_s: float) -> dict[str, Any]:
         assert srv.servicer is not None
         t0 = time.perf_counter()
         for c in range(blocks // _PER_PUT):
-            put = pb.PutRequest(namespace=f"bench-gc-{c % 64}")
-            for b in make_blocks(_PER_PUT, block, seed=c):
-                put.blocks.add(header=pb.BlockHeader(block_hash=b.block_hash,
-                                                     parent_hash=b.parent_hash or b"",
-                                                     token_ids=b.token_ids), payload=b.payload)
+            msgs = list(put_requests(f"bench-gc-{c % 64}", make_blocks(_PER_PUT, block, seed=c),
+                                     {}))  # (what a client sends)
 
-            async def one(msg: Any = put) -> AsyncIterator[Any]:
-                yield msg
+            async def stream(m: list[Any] = msgs) -> AsyncIterator[Any]:
+                for msg in m:
+                    yield msg
 
-            stored = (await srv.servicer.Put(one(), ctx)).stored
+            stored = (await srv.servicer.Put(stream(), ctx)).stored
             if stored != _PER_PUT:
                 raise RuntimeError(f"put stored {stored} of {_PER_PUT}")
             await asyncio.sleep(0)  # (the keeper runs between calls, as in a server)

@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
+from kvstore.client._common import put_requests
 from kvstore.config import load_config
 from kvstore.errors import ConfigError
 from kvstore.server.app import KVStoreServer
@@ -67,16 +68,14 @@ async def test_with_the_keeper_no_collection_walks_the_stored_blocks(thawed: Non
             freeze_survivors()
             keeper = asyncio.create_task(keep_frozen(0.05)) if keeper_on else None
             for c in range(4):
-                put = pb.PutRequest(namespace=f"heap-{keeper_on}-{c}")
-                for blk in make_blocks(500, 256, seed=10 * c + keeper_on):
-                    put.blocks.add(header=pb.BlockHeader(
-                        block_hash=blk.block_hash, parent_hash=blk.parent_hash or b"",
-                        token_ids=blk.token_ids), payload=blk.payload)
+                msgs = list(put_requests(f"heap-{keeper_on}-{c}",
+                                         make_blocks(500, 256, seed=10 * c + keeper_on), {}))
 
-                async def one(msg: pb.PutRequest = put) -> Any:
-                    yield msg
+                async def stream(m: list[pb.PutRequest] = msgs) -> Any:
+                    for msg in m:
+                        yield msg
 
-                assert (await srv.servicer.Put(one(), _Context())).stored == 500
+                assert (await srv.servicer.Put(stream(), _Context())).stored == 500
             await asyncio.sleep(0.2)  # (the keeper's intervals pass)
             if keeper is not None:
                 keeper.cancel()
