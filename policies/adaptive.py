@@ -329,7 +329,7 @@ class AdaptivePolicy(Policy):
         self._left -= n
         d = math.exp(-n / self._span)
         if not req.session_named and self._fghost is not None:
-            f = self._fghost.request(req, req.block_bytes or self._size)
+            f = self._fghost.request(req, req.block_bytes or self._size, self.freq.counted)
             self.count_advantage = self.count_advantage * d + f - g
         self.room_lost = self.room_lost * d + ghost.lost
         self.looked = self.looked * d + n
@@ -374,10 +374,10 @@ class AdaptivePolicy(Policy):
             self._bettor = self.lru
 
     def on_request(self, req: RequestInfo, now: float) -> Plan:
+        freq = self.freq.on_request(req, now)  # first: the counts' ghost reads its counts
         self._score(req)
         self._choose_bettor(req)
         bet = self.bets.on_request(req, now)
-        freq = self.freq.on_request(req, now)
         lru = self.lru.on_request(req, now)
         if self.leader != "bets":
             return Plan(lru.admit, lru.moves, bet.keep_s)

@@ -27,19 +27,23 @@ this as its bets on sessionless traffic, guarded by its LRU ghost.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Container, Hashable, Iterator, Sequence
-from itertools import repeat
-from typing import Any, Self
+from itertools import islice, repeat
+from typing import Any, NamedTuple, Self
 
 from kvstore.policies.base import BlockInfo, Plan, Policy, PolicyConfig, RequestInfo, TierSpec
 from kvstore.policies.cost import CostModel
 
-__all__ = ["FrequencyGhost", "FrequencyPolicy", "ReuseCounts"]
+__all__ = ["Counted", "FrequencyGhost", "FrequencyPolicy", "ReuseCounts"]
 
 
 class ReuseCounts:
-    """How many lookups each key was in, halved every ``period`` counted keys."""
+    """How many lookups each key was in, halved every ``period`` counted keys.
+
+    A plain dict in the order the keys were last counted (a counted key is popped and
+    set again): C-level passes a third cheaper than an ``OrderedDict``'s get, update
+    and ``move_to_end`` (the counts are every lookup's first pass over its keys)."""
 
     __slots__ = ("_counts", "_left", "halvings", "max_tracked", "period")
 
@@ -49,7 +53,7 @@ class ReuseCounts:
                              f"{max_tracked}")
         self.period = period
         self.max_tracked = max_tracked
-        self._counts: OrderedDict[Hashable, int] = OrderedDict()
+        self._counts: dict[Hashable, int] = {}
         self._left = period
         #: times every count was halved so far
         self.halvings = 0
@@ -63,26 +67,32 @@ class ReuseCounts:
     def add(self, keys: Sequence[Hashable]) -> bool:
         """Count one lookup of ``keys``; True when it aged every count (halved them)."""
         counts = self._counts
-        get, move = counts.get, counts.move_to_end
-        for k in keys:  # (faster than OrderedDict.update, which sets item by item)
-            counts[k] = get(k, 0) + 1
-            move(k)
-        while len(counts) > self.max_tracked:
-            counts.popitem(last=False)
+        pop = counts.pop
+        for k in keys:  # (a key twice is counted twice, the last count its last)
+            counts[k] = pop(k, 0) + 1
+        self._bound()
         return self._aged(len(keys))
 
     def add_distinct(self, keys: Sequence[Hashable]) -> list[int] | None:
         """:meth:`add` of distinct ``keys`` in C-level passes: their counts after it, in
         order, or None when it aged every count (the halved counts: read them afresh).
-        The same counts and order as :meth:`add` (each key set, then made the most
-        recently counted: with no key twice, all of them last, in order)."""
+        The same counts and order as :meth:`add` (each key popped and set again: with no
+        key twice, all of them last, in order)."""
         counts = self._counts
-        news = list(map(_PLUS_ONE, map(counts.get, keys, repeat(0))))
+        news = list(map(_PLUS_ONE, map(counts.pop, keys, repeat(0))))
         counts.update(zip(keys, news, strict=True))
-        deque(map(counts.move_to_end, keys), 0)
-        while len(counts) > self.max_tracked:
-            counts.popitem(last=False)
+        self._bound()
         return None if self._aged(len(keys)) else news
+
+    def _bound(self) -> None:
+        """Forget the least recently counted keys past ``max_tracked``, in one pass from
+        the dict's start, and 1/64 of the cap more (a dict's first key is found by
+        scanning past the slots its pops left: once per batch, not once per key)."""
+        counts = self._counts
+        over = len(counts) - self.max_tracked
+        if over > 0:
+            deque(map(counts.__delitem__,
+                      list(islice(counts, over + self.max_tracked // 64))), 0)
 
     def _aged(self, added: int) -> bool:
         self._left -= added
@@ -90,12 +100,22 @@ class ReuseCounts:
             return False
         self._left = self.period
         self.halvings += 1
-        self._counts = OrderedDict((k, c >> 1) for k, c in self._counts.items() if c > 1)
+        self._counts = {k: c >> 1 for k, c in self._counts.items() if c > 1}
         return True
 
 
 def _zero(key: Hashable, default: int) -> int:
     return 0
+
+
+class Counted(NamedTuple):
+    """One lookup's count pass: the counts (None: block sizes unknown yet, nothing
+    counted), and for a chain of distinct keys not aged by it, the dict of the keys and
+    their new counts in order (None otherwise: read them from the counts)."""
+
+    counts: ReuseCounts | None
+    distinct: dict[Hashable, None] | None
+    news: list[int] | None
 
 
 _PLUS_ONE = (1).__add__
@@ -206,6 +226,10 @@ class FrequencyPolicy(Policy):
         self._worth = tuple(self.cost.worth_loading(t) for t in tiers)
         self._t = {t.name: _Tier(t.capacity_bytes) for t in tiers}
         self.counts: ReuseCounts | None = None  # sized at the first lookup with sizes
+        #: the count pass of the last :meth:`on_request` (for :meth:`on_counted`)
+        self.counted = Counted(None, None, None)
+        #: the counts' halvings the tiers are filed for
+        self._halvings = 0
 
     @classmethod
     def from_config(cls, config: PolicyConfig, **options: Any) -> Self:
@@ -235,11 +259,28 @@ class FrequencyPolicy(Policy):
         news: list[int] | None = None
         if counts is not None and distinct is not None and len(distinct) == len(keys):
             news = counts.add_distinct(keys)
-            halved = news is None
         else:
             distinct = None
-            halved = counts is not None and counts.add(keys)
+            if counts is not None:
+                counts.add(keys)
+        self.counted = Counted(counts, distinct if news is not None else None, news)
+        return self._plan(req, self.counted)
+
+    def on_counted(self, req: RequestInfo, counted: Counted) -> Plan:
+        """:meth:`on_request` of a lookup that another policy's :meth:`on_request`
+        counted just before (``counted``, its :attr:`counted`): this one reads those
+        counts and adds none (one count pass per lookup for both)."""
+        if req.worth:
+            self._worth = tuple(req.worth)
+        self.counts = counted.counts
+        return self._plan(req, counted)
+
+    def _plan(self, req: RequestInfo, counted: Counted) -> Plan:
+        keys = req.keys
+        counts, distinct, news = counted
+        halved = counts is not None and counts.halvings != self._halvings
         if halved and counts is not None:
+            self._halvings = counts.halvings
             for tr in self._t.values():  # every count halved: refile what is stored
                 for k in list(tr.at):
                     tr.file(k, counts[k])
@@ -342,8 +383,11 @@ class FrequencyGhost:
         self.tier = "ghost"
         self.policy = FrequencyPolicy([TierSpec(self.tier, capacity)], reset=reset)
 
-    def request(self, req: RequestInfo, size: int) -> int:
-        """Play one lookup; returns its prefix hits."""
+    def request(self, req: RequestInfo, size: int, counted: Counted | None = None) -> int:
+        """Play one lookup; returns its prefix hits. ``counted``: the lookup as the real
+        policy counted it (its :attr:`FrequencyPolicy.counted`, just after its
+        ``on_request``): the ghost reads those counts instead of counting again. Its
+        counts are then the real policy's, lookups it does not play included."""
         pol, name = self.policy, self.tier
         tr = pol._t[name]
         keys = req.keys
@@ -351,10 +395,11 @@ class FrequencyGhost:
         tiers: list[str | None] = ([name] * len(keys) if all(map(at.__contains__, keys))
                                    else [name if k in at else None for k in keys])
         hits = tiers.index(None) if None in tiers else len(tiers)
-        halvings = pol.counts.halvings if pol.counts is not None else 0
-        plan = pol.on_request(RequestInfo(keys, tiers, req.session_id, req.workload, size,
-                                          req.block_tokens, req.last_tokens), 0.0)
-        if pol.counts is None or pol.counts.halvings != halvings:
+        filed = pol._halvings
+        info = RequestInfo(keys, tiers, req.session_id, req.workload, size, req.block_tokens,
+                           req.last_tokens)
+        plan = pol.on_request(info, 0.0) if counted is None else pol.on_counted(info, counted)
+        if pol.counts is None or pol._halvings != filed:
             # Every count halved: on_request refiled the whole tier, and the hits are
             # touched again (without halving it refiled just the hits, in this order,
             # under the same counts: what touching them would do again).

@@ -167,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.error(f"--adaptive-option {name}: {value!r} is not a number")
     parts = args.only or ["agent", "conversation", "generated"]
     names = args.policy or list(POLICIES)
+    if "lru" not in names:  # (every table and the never-below-LRU check compare with it)
+        names.insert(0, "lru")
     failures: list[str] = []
     start = time.perf_counter()
     print(f"load average {os.getloadavg()[0]:.1f}, jobs {args.jobs}", flush=True)

@@ -14,7 +14,7 @@ from kvstore.policies import frequency as freq_mod
 from kvstore.policies._owners import TierOwners
 from kvstore.policies.adaptive import AdaptivePolicy, LRUGhost
 from kvstore.policies.base import BlockInfo, Plan, RequestInfo, TierSpec
-from kvstore.policies.frequency import FrequencyGhost, FrequencyPolicy, ReuseCounts
+from kvstore.policies.frequency import Counted, FrequencyGhost, FrequencyPolicy, ReuseCounts
 from kvstore.policies.lru import LRUPolicy
 from kvstore.policies.returns import ReturnTimes
 from kvstore.policies.workload import WorkloadPolicy
@@ -89,7 +89,7 @@ class _RefFrequencyGhost(FrequencyGhost):
         self.tier = "ghost"
         self.policy = _RefFrequency([TierSpec(self.tier, capacity)])
 
-    def request(self, req: RequestInfo, size: int) -> int:
+    def request(self, req: RequestInfo, size: int, counted: Counted | None = None) -> int:
         pol, name = self.policy, self.tier
         tr = pol._t[name]
         keys = req.keys
@@ -99,8 +99,11 @@ class _RefFrequencyGhost(FrequencyGhost):
                 break
             hits += 1
         tiers: list[str | None] = [name if k in tr.at else None for k in keys]
-        plan = pol.on_request(RequestInfo(keys, tiers, req.session_id, req.workload, size,
-                                          req.block_tokens, req.last_tokens), 0.0)
+        info = RequestInfo(keys, tiers, req.session_id, req.workload, size, req.block_tokens,
+                           req.last_tokens)
+        # (the real policy's counts, read key by key: no count pass handed over)
+        plan = (pol.on_request(info, 0.0) if counted is None
+                else pol.on_counted(info, Counted(counted.counts, None, None)))
         pol.on_access_many([k for k in keys if k in tr.at], [name] * sum(
             1 for t in tiers if t is not None), 0.0)
         new = [j for j in range(len(keys) - 1, -1, -1) if keys[j] in plan.admit]
