@@ -8,6 +8,9 @@ measured on both engines in turn so machine noise hits both alike::
     .venv-vllm/bin/python tests/vllm/bench_ttft.py --workdir /tmp/kvc-bench \\
         --kvstore-bin .venv/bin/kvstore --tokens 4096 8192
 
+``--busy-core``: another process spins on one core for the whole run (the engine's
+connector loads with a core taken, as in production; the memcpy baselines see it too).
+
 Per prompt, ``reset_prefix_cache()`` before each cold run:
 
 * **recompute**: engine A (no connector), full prefill;
@@ -175,7 +178,36 @@ def main() -> None:
                     help="start the engine with the connector before the one without")
     ap.add_argument("--sidecar-disk", action="store_true",
                     help="keep the sidecar's disk tier (write-back competes for the cores)")
+    ap.add_argument("--busy-core", action="store_true",
+                    help="another process spins on one core for the whole run (production: "
+                         "the engine never has the machine to itself)")
     args = ap.parse_args()
+    spinner = _spin_one_core() if args.busy_core else None
+    try:
+        _run(args)
+    finally:
+        if spinner is not None:
+            spinner.terminate()
+            spinner.join()
+
+
+def _spin(core: int) -> None:
+    os.sched_setaffinity(0, {core})
+    while True:
+        pass
+
+
+def _spin_one_core() -> Any:
+    """A process busy on the machine's last core until terminated."""
+    import multiprocessing
+
+    core = max(os.sched_getaffinity(0))
+    p = multiprocessing.get_context("spawn").Process(target=_spin, args=(core,), daemon=True)
+    p.start()
+    return p
+
+
+def _run(args: argparse.Namespace) -> None:
     work = Path(args.workdir)
     model_dir = build_tiny_llama(work / "bench-llama", **BENCH_LLAMA)
     max_len = max(args.tokens) + 64
@@ -212,7 +244,7 @@ def main() -> None:
         close(plain)
 
     print(json.dumps({"model": BENCH_LLAMA, "block_size": args.block_size, "reps": args.reps,
-                      "sidecar_disk": args.sidecar_disk,
+                      "sidecar_disk": args.sidecar_disk, "busy_core": args.busy_core,
                       "conn_engine_first": args.conn_engine_first, "results": results}))
     print("\nTTFT, median of", args.reps, "prompts per length:\n")
     print("| prompt tokens | recompute | cold + saving | vs recompute | DRAM hit | speedup "
