@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import weakref
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -84,6 +86,84 @@ async def test_with_the_keeper_no_collection_walks_the_stored_blocks(thawed: Non
         await srv.stop(0)
     assert walked["off"] > 2 * 2000  # each of the 2,000 blocks keeps tracked objects
     assert walked["on"] < 2000 // 4
+
+
+#: A client in its own process (its objects stay out of the server's heap): puts, lookups,
+#: gets, hints and deletes, a failed call, a call past its deadline and a Put stream it
+#: cancels halfway, ``rounds`` times.
+_CLIENT = """
+import sys, time
+import grpc
+from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb, kvstore_pb2_grpc as pbg
+from kvstore.client import KVStoreClient
+from kvstore.client._common import put_requests
+from kvstore.tools.measure import make_blocks
+
+address, rounds = sys.argv[1], int(sys.argv[2])
+stub = pbg.KVStoreStub(grpc.insecure_channel(address))
+with KVStoreClient(address) as c:
+    for r in range(rounds):
+        ns, sid = f"ns{r % 3}", f"s{r % 5}"
+        blocks = make_blocks(8, 4096, seed=r)
+        hashes = [b.block_hash for b in blocks]
+        c.put(ns, blocks, session_id=sid, request_id=f"put-{r}")
+        c.lookup(ns, hashes, sid, "agent", request_id=f"lookup-{r}")
+        c.get(ns, hashes[:4])
+        c.hint(sid, "tool_call", workload="agent", tool="grep", namespace=ns)
+        try:
+            stub.Lookup(pb.LookupRequest(namespace=ns, block_hashes=[b"short"]))
+        except grpc.RpcError:
+            pass
+        try:
+            stub.Lookup(pb.LookupRequest(namespace=ns, block_hashes=hashes), timeout=1e-4)
+        except grpc.RpcError:
+            pass
+
+        def stream(r=r):
+            for msg in put_requests(f"cut{r}", make_blocks(4, 4096, seed=1000 + r), {}):
+                yield msg
+                time.sleep(0.01)
+
+        call = stub.Put.future(stream())
+        time.sleep(0.005)
+        call.cancel()
+        if r % 4 == 3:
+            c.delete(ns)
+"""
+
+
+async def test_a_frozen_heap_keeps_no_garbage_a_client_can_make(thawed: None,
+                                                                 tmp_path: Any) -> None:
+    """The freezes' price is any reference cycle through a frozen object: never collected.
+    With the heap frozen every 20 ms (calls in flight frozen with it), a client's puts,
+    lookups, gets, hints, deletes, failed calls, calls past their deadline and Put streams
+    it cancels leave none: thawed, a full collection finds nothing to free. (Answering a
+    failed call with ``context.abort`` left ~50 objects per call in flight at a freeze.)"""
+    gc.collect()
+    gc.unfreeze()
+    srv = KVStoreServer(served_config(str(tmp_path)))
+    await srv.start()
+    freeze_survivors()
+    keeper = asyncio.create_task(keep_frozen(0.02))
+    try:
+        client = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _CLIENT, f"127.0.0.1:{srv.port}", "40",
+            stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(client.communicate(), 120)
+        assert client.returncode == 0, err.decode()[-2000:]
+    finally:
+        keeper.cancel()
+        await srv.stop(0)
+    gc.collect()  # what was never frozen
+    gc.unfreeze()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        found = gc.collect()
+        kinds = Counter(type(o).__name__ for o in gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert found == 0, kinds.most_common(12)
 
 
 async def test_the_keeper_takes_a_positive_interval() -> None:
