@@ -419,6 +419,14 @@ class AdaptivePolicy(Policy):
         self.freq.on_insert(info, tier, now)
         self.lru.on_insert(info, tier, now)
 
+    def on_insert_many(self, infos: Sequence[BlockInfo], tier: str, now: float) -> None:
+        if type(self).on_insert is not AdaptivePolicy.on_insert:  # a subclass's own insert
+            super().on_insert_many(infos, tier, now)
+            return
+        self.bets.on_insert_many(infos, tier, now)
+        self.freq.on_insert_many(infos, tier, now)
+        self.lru.on_insert_many(infos, tier, now)
+
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         self.bets.on_access(key, tier, now)
         self.freq.on_access(key, tier, now)

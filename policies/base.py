@@ -237,6 +237,14 @@ class Policy(ABC):
     @abstractmethod
     def on_insert(self, info: BlockInfo, tier: str, now: float) -> None: ...
 
+    def on_insert_many(self, infos: Sequence[BlockInfo], tier: str, now: float) -> None:
+        """:meth:`on_insert` of each of ``infos`` into ``tier``, in that order (a store's
+        blocks in one call: a policy whose insert is cheap overrides this to skip the
+        call per block)."""
+        insert = self.on_insert
+        for info in infos:
+            insert(info, tier, now)
+
     @abstractmethod
     def on_access(self, key: Hashable, tier: str, now: float) -> None: ...
 
@@ -292,6 +300,12 @@ class Wrapper(Policy):
 
     def on_insert(self, info: BlockInfo, tier: str, now: float) -> None:
         self.inner.on_insert(info, tier, now)
+
+    def on_insert_many(self, infos: Sequence[BlockInfo], tier: str, now: float) -> None:
+        if type(self).on_insert is Wrapper.on_insert:  # a decorator that sees no insert
+            self.inner.on_insert_many(infos, tier, now)
+        else:
+            super().on_insert_many(infos, tier, now)
 
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         self.inner.on_access(key, tier, now)

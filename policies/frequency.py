@@ -342,6 +342,21 @@ class FrequencyPolicy(Policy):
         tr.used += info.size
         tr.file(info.key, self.count(info.key))
 
+    def on_insert_many(self, infos: Sequence[BlockInfo], tier: str, now: float) -> None:
+        if type(self).on_insert is not FrequencyPolicy.on_insert:  # a subclass's own
+            super().on_insert_many(infos, tier, now)
+            return
+        tr = self._t[tier]
+        at, sizes, file = tr.at, tr.sizes, tr.file
+        count = self.counts._counts.get if self.counts is not None else _zero
+        for info in infos:
+            key = info.key
+            if key in at:
+                continue
+            sizes[key] = info.size
+            tr.used += info.size
+            file(key, count(key, 0))
+
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         tr = self._t[tier]
         if key in tr.at:

@@ -40,6 +40,16 @@ class LRUPolicy(Policy):
         self._lru[tier][info.key] = None
         self._lru[tier].move_to_end(info.key)
 
+    def on_insert_many(self, infos: Sequence[BlockInfo], tier: str, now: float) -> None:
+        if type(self).on_insert is not LRUPolicy.on_insert:  # a subclass's own insert
+            super().on_insert_many(infos, tier, now)
+            return
+        lru = self._lru[tier]
+        move = lru.move_to_end
+        for info in infos:
+            lru[info.key] = None
+            move(info.key)
+
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         lru = self._lru[tier]
         if key in lru:

@@ -653,6 +653,30 @@ class WorkloadPolicy(Policy):
                 break
         tr.add(info.key, info.size, name, pos)
 
+    def on_insert_many(self, infos: Sequence[BlockInfo], tier: str, now: float) -> None:
+        if type(self).on_insert is not WorkloadPolicy.on_insert:  # a subclass's own
+            super().on_insert_many(infos, tier, now)
+            return
+        tr = self._t[tier]
+        others = list(self._t.values())
+        uses = self._uses
+        for info in infos:
+            key = info.key
+            if key in tr:
+                continue
+            name = info.session_id
+            use = uses.get(key)
+            if use is not None and use[0] is None:
+                name = self._pool(info.workload)
+            pos = 0
+            for other in others:  # a copy keeps its chain position and owner
+                p = other.pos.get(key)
+                if p is not None:
+                    pos = p
+                    name = other.owner.get(key, name)
+                    break
+            tr.add(key, info.size, name, pos)
+
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         self._now = now
 

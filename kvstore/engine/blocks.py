@@ -55,13 +55,17 @@ def check_blocks(index: Index, namespace: str, blocks: Sequence[NewBlock], max_b
             check_payload(b.block_hash, size, max_bytes)
 
 
+#: each workload's name (an enum member's ``value`` is a property: this is a dict read)
+_WORKLOAD_NAME = {w: w.value for w in Workload}
+
+
 def block_info(meta: BlockMeta) -> BlockInfo:
     """What a policy may know of a stored block (its session a :class:`SessionKey`)."""
     ns = meta.key.namespace
     return BlockInfo(
         meta.key, meta.size, BlockKey(ns, meta.parent_hash) if meta.parent_hash else None,
-        SessionKey(ns, meta.session_id) if meta.session_id else "", meta.workload.value,
-        meta.num_tokens)
+        SessionKey(ns, meta.session_id) if meta.session_id else "",
+        _WORKLOAD_NAME[meta.workload], meta.num_tokens)
 
 
 def new_meta(namespace: str, b: NewBlock, checksum: int, session: str,

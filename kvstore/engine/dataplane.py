@@ -19,6 +19,7 @@ import xxhash
 from kvstore.engine.blocks import NewBlock, check_payload, new_meta
 from kvstore.engine.core import Engine
 from kvstore.engine.leases import Lease, Reservation, check_lease_seconds
+from kvstore.engine.store import StoreOp
 from kvstore.errors import (
     BadDescriptor,
     BlockNotFound,
@@ -191,12 +192,38 @@ class SlotPlane:
                     f"block {bytes(b.block_hash).hex()[:16]} carries {len(b.token_ids)} token "
                     f"ids; at most {eng.max_block_tokens} (server.max_block_tokens)")
         digests = await self._digests(items, checksums)
-        now = eng.clock()
         store = eng.store
         op = store.resume(namespace, [b.block_hash for _, b in items], session_id, workload,
                           request_id)
+        here = self.tier.name
+        #: blocks committed in their slots and not indexed yet: indexed (and the policy,
+        #: the events and the write-back told) together, before anything awaits, so no
+        #: other call sees a committed slot the index does not hold
+        done: list[BlockMeta] = []
+        try:
+            await self._commit_each(items, digests, op, owner, done)
+        finally:
+            if done:
+                store.placed_many(op, done, here)
+        store.finish(op)
+        if eng.profile is not None:
+            eng.profile.on_store((d.length, len(blk.token_ids)) for d, blk in items)
+        return len(op.placed)
+
+    async def _commit_each(self, items: Sequence[tuple[Slot, NewBlock]], digests: list[int],
+                           op: StoreOp, owner: str, done: list[BlockMeta]) -> None:
+        """The commit of each slot in turn; those that stay here are added to ``done``
+        (and placed by the caller's batch, or here before each await)."""
+        eng = self.engine
+        store = eng.store
+        namespace = op.namespace
+        here = self.tier.name
+        now = eng.clock()
         for i, (desc, b) in enumerate(items):
             if i and not i % YIELD_EVERY:
+                if done:
+                    store.placed_many(op, done, here)
+                    done.clear()
                 await asyncio.sleep(0)  # let other calls in (loop lag)
                 now = eng.clock()
             r = eng.leases.take_reservation(desc.slot_id, now, owner)
@@ -221,7 +248,10 @@ class SlotPlane:
             # most commits carry the writer's checksum and stay here)
             meta = new_meta(namespace, b, digests[i] or xxhash.xxh3_64_intdigest(
                 self.slots.view(r.slot)), op.session_id, op.workload, size=r.slot.length)
-            if r.target != self.tier.name and r.target is not None:
+            if r.target != here and r.target is not None:
+                if done:
+                    store.placed_many(op, done, here)
+                    done.clear()
                 view = self.slots.view(r.slot)
                 try:
                     copied = await store.store(op, meta, view, r.target)
@@ -242,11 +272,7 @@ class SlotPlane:
                     continue
                 # a persistent target without its prefix: kept here, written back after
             self.slots.commit(r.slot, meta)
-            store.placed(op, meta, self.tier.name)
-        store.finish(op)
-        if eng.profile is not None:
-            eng.profile.on_store((d.length, len(blk.token_ids)) for d, blk in items)
-        return len(op.placed)
+            done.append(meta)
 
     async def _digests(self, items: Sequence[tuple[Slot, NewBlock]], given: Sequence[int]
                        ) -> list[int]:

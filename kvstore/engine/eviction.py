@@ -57,6 +57,15 @@ class EvictionManager:
         self._index(tier).add(info.key, info.parent, info.size)
         self.inner.on_insert(info, tier, now)
 
+    def on_insert_many(self, infos: Sequence[BlockInfo], tier: str, now: float) -> None:
+        if type(self).on_insert is not EvictionManager.on_insert:  # a subclass's own
+            super().on_insert_many(infos, tier, now)
+            return
+        add = self._index(tier).add
+        for info in infos:
+            add(info.key, info.parent, info.size)
+        self.inner.on_insert_many(infos, tier, now)
+
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         self.inner.on_access(key, tier, now)
 

@@ -48,7 +48,7 @@ from kvstore.errors import (
     Unavailable,
 )
 from kvstore.events import EventSink
-from kvstore.policies import Policy
+from kvstore.policies import BlockInfo, Policy
 from kvstore.tiers.base import PersistentTier, SlotTier, Tier
 from kvstore.types import BlockKey, BlockMeta, Medium
 
@@ -178,15 +178,28 @@ class Placement(Room, Transfers):
         return tier_name in above.tiers
 
     def stored(self, meta: BlockMeta, tier_name: str) -> Entry:
-        entry = self.index.add_location(meta, tier_name)
-        info = entry.info
-        if info is None:
-            info = entry.info = block_info(meta)
+        return self.stored_many((meta,), tier_name)[0]
+
+    def stored_many(self, metas: Sequence[BlockMeta], tier_name: str) -> list[Entry]:
+        """Index blocks whose bytes are in ``tier_name`` now, in order, and tell the
+        policy (one call) and the event stream (one event per chain run)."""
+        add, index = self.index.add_location, self.index
+        entries: list[Entry] = []
+        infos: list[BlockInfo] = []
+        for meta in metas:
+            entry = add(meta, tier_name)
+            info = entry.info
+            if info is None:
+                info = entry.info = block_info(meta)
+            entries.append(entry)
+            infos.append(info)
         now = self.clock()
-        self.policy.on_insert(info, tier_name, now)
-        self.events.block_stored((meta,), self._medium[tier_name])
-        self.retention.on_stored(entry, self.index, now)
-        return entry
+        self.policy.on_insert_many(infos, tier_name, now)
+        self.events.block_stored(metas, self._medium[tier_name])
+        retention = self.retention
+        for entry in entries:
+            retention.on_stored(entry, index, now)
+        return entries
 
     async def copy(self, entry: Entry, src: str, dst: str,
                    extra: Container[Hashable] = ()) -> None:

@@ -171,13 +171,21 @@ class StorePipeline:
     def placed(self, op: StoreOp, meta: BlockMeta, tier: str) -> Entry:
         """Index a block whose bytes are in ``tier`` now, tell the policy and the event
         stream, and queue its write-back."""
+        return self.placed_many(op, (meta,), tier)[0]
+
+    def placed_many(self, op: StoreOp, metas: Sequence[BlockMeta], tier: str) -> list[Entry]:
+        """:meth:`placed` of blocks whose bytes are all in ``tier`` now, in order, each
+        step once for all of them (a commit's blocks: no per-block calls through the
+        placement, the policy and the event stream)."""
         pl = self.placement
-        entry = pl.stored(meta, tier)
-        self.geometry.observe(meta.key.namespace, meta.size, meta.num_tokens)
-        pl.after_store(entry)
-        op.placed.append(entry)
-        pl.stats.bytes_in += meta.size
-        return entry
+        entries = pl.stored_many(metas, tier)
+        observe = self.geometry.observe
+        for meta in metas:
+            observe(meta.key.namespace, meta.size, meta.num_tokens)
+        pl.after_store_many(entries)
+        op.placed.extend(entries)
+        pl.stats.bytes_in += sum(meta.size for meta in metas)
+        return entries
 
     # -- 4. finish ----------------------------------------------------------------------------
     def finish(self, op: StoreOp) -> None:

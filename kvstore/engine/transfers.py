@@ -92,14 +92,21 @@ class Transfers:
         """Write-back: queue a copy of a new block where the policy would demote it
         (the next slower tier by default), so an eviction later is a drop; and the
         write-through to a shared tier, if there is one."""
-        if self.shared is not None:
-            self.shared.after_store(entry)
-        src = entry.tiers[0]
+        self.after_store_many((entry,))
+
+    def after_store_many(self, entries: Sequence[Entry]) -> None:
+        """:meth:`after_store` of each of ``entries``, in order."""
+        shared, recovery, persistent = self.shared, self.recovery, self._persistent
+        demote = self.policy.demote_to if self.write_back else None
+        submit = self.mover.submit
         now = self.clock()
-        if self.write_back:
-            dst = self.policy.demote_to(entry.key, src, now)
-            if dst is not None:
-                self.mover.submit(Transfer(entry.key, src, dst, keep_src=True,
-                                           reason="write-back"))
-        if self.recovery is not None and src not in self._persistent:
-            self.recovery.stored(entry.key, now)
+        for entry in entries:
+            if shared is not None:
+                shared.after_store(entry)
+            src, key = entry.tiers[0], entry.key
+            if demote is not None:
+                dst = demote(key, src, now)
+                if dst is not None:
+                    submit(Transfer(key, src, dst, keep_src=True, reason="write-back"))
+            if recovery is not None and src not in persistent:
+                recovery.stored(key, now)

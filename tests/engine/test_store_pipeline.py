@@ -62,9 +62,14 @@ def _event(call: tuple[str, tuple[Any, ...], Medium | None]) -> tuple[Any, ...]:
 
 
 def _outcome(eng: Engine, sink: RecordingSink) -> tuple[Any, ...]:
+    """Placement, the events one block each (a commit tells the sink of a batch in one
+    call, a put of each block: the wire's runs are built from the blocks either way),
+    and the counters."""
     placement = {e.key: tuple(e.tiers) for e in eng.index.entries()}
     st = eng.stats
-    return (placement, [_event(c) for c in sink.calls],
+    events = [_event((kind, (item,), medium)) for kind, items, medium in sink.calls
+              for item in (items or (None,))]
+    return (placement, events,
             (st.bytes_in, st.puts, dict(st.evictions), dict(st.moved_bytes)))
 
 

@@ -1,5 +1,6 @@
 """``on_access_many`` (a lookup's hits in one call) is ``on_access`` of each, in order,
-for every registered policy: the same eviction order and the same next plan after it."""
+and ``on_insert_many`` (a commit's blocks in one call) is ``on_insert`` of each, for
+every registered policy: the same eviction order and the same next plan after it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import random
 
 import pytest
 from kvstore.policies.base import BlockInfo, Policy, RequestInfo, TierSpec
+from kvstore.policies.lru import LRUPolicy
 
 from kvstore import policies
 
@@ -14,7 +16,13 @@ BLOCK = 100
 TIERS = [TierSpec("dram", 30 * BLOCK, 25e9), TierSpec("disk", 60 * BLOCK, 3e9)]
 
 
-def _drive(policy: Policy, batched: bool, seed: int) -> list[object]:
+def _flush(policy: Policy, run: list[BlockInfo], tier: str, now: float) -> None:
+    if run:
+        policy.on_insert_many(list(run), tier, now)
+        run.clear()
+
+
+def _drive(policy: Policy, batched: bool, seed: int, inserts: bool = False) -> list[object]:
     """Lookups over shared and private chains, with stores and evictions as the engine
     makes them (a full tier gives up the policy's first victim); what the policy said."""
     rng = random.Random(seed)
@@ -38,11 +46,16 @@ def _drive(policy: Policy, batched: bool, seed: int) -> list[object]:
         else:
             for k, t in hits:
                 policy.on_access(k, t, now)
+        # (with ``inserts``, the blocks stored between two evictions into one tier go
+        # in one on_insert_many call, as a commit tells the policy)
+        run: list[BlockInfo] = []
+        run_tier = ""
         for k, t in zip(keys, hit, strict=True):
             tier = plan.admit.get(k)
             if t is not None or tier is None:
                 continue
             if not room[tier]:
+                _flush(policy, run, run_tier, now)
                 victim = next(iter(policy.victims(tier, frozenset(keys), now)), None)
                 if victim is None:
                     continue
@@ -50,9 +63,17 @@ def _drive(policy: Policy, batched: bool, seed: int) -> list[object]:
                 del where[victim]
                 room[tier] += 1
                 seen.append(("evicted", str(victim)))
-            policy.on_insert(BlockInfo(k, BLOCK, session_id=session, workload="chat"), tier, now)
+            info = BlockInfo(k, BLOCK, session_id=session, workload="chat")
+            if not inserts:
+                policy.on_insert(info, tier, now)
+            else:
+                if tier != run_tier:
+                    _flush(policy, run, run_tier, now)
+                run_tier = tier
+                run.append(info)
             where[k] = tier
             room[tier] -= 1
+        _flush(policy, run, run_tier, now)
         for tier in room:
             seen.append((tier, [str(k) for k in policy.victims(tier, frozenset(), now)]))
     return seen
@@ -63,3 +84,29 @@ def test_on_access_many_is_on_access_of_each(name: str) -> None:
     for seed in (1, 2, 3):
         one, many = policies.create(name, TIERS), policies.create(name, TIERS)
         assert _drive(many, True, seed) == _drive(one, False, seed)
+
+
+@pytest.mark.parametrize("name", policies.available())
+def test_on_insert_many_is_on_insert_of_each(name: str) -> None:
+    for seed in (1, 2, 3):
+        one, many = policies.create(name, TIERS), policies.create(name, TIERS)
+        assert _drive(many, False, seed, inserts=True) == _drive(one, False, seed)
+
+
+class _Counting(LRUPolicy):
+    """An LRU subclass with an insert of its own (and no batched one)."""
+
+    def __init__(self, tiers: list[TierSpec]) -> None:
+        super().__init__(tiers)
+        self.seen: list[object] = []
+
+    def on_insert(self, info: BlockInfo, tier: str, now: float) -> None:
+        self.seen.append(info.key)
+        super().on_insert(info, tier, now)
+
+
+def test_a_subclass_that_overrides_on_insert_sees_every_batched_insert() -> None:
+    pol = _Counting(TIERS)
+    pol.on_insert_many([BlockInfo(("k", i), BLOCK) for i in range(3)], "dram", 0.0)
+    assert pol.seen == [("k", 0), ("k", 1), ("k", 2)]
+    assert list(pol.victims("dram", frozenset(), 0.0)) == pol.seen
