@@ -59,7 +59,8 @@ class EvictionManager:
 
     def on_insert_many(self, infos: Sequence[BlockInfo], tier: str, now: float) -> None:
         if type(self).on_insert is not EvictionManager.on_insert:  # a subclass's own
-            super().on_insert_many(infos, tier, now)
+            for info in infos:
+                self.on_insert(info, tier, now)
             return
         add = self._index(tier).add
         for info in infos:
