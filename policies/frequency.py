@@ -439,6 +439,14 @@ class FrequencyGhost:
                 need -= tr.sizes[v]
             for v in gone:
                 tr.drop(v)
+        added = [keys[j] for j in new]
+        if (size > 0 and len(dict.fromkeys(added)) == len(added)
+                and not any(map(tr.at.__contains__, added))):
+            # Distinct newcomers (a chain's): each takes ``size``, so the first ones that
+            # fit go in one call (the same inserts as the loop below, without a call each).
+            fit = max(0, (tr.capacity - tr.used) // size)
+            pol.on_insert_many([BlockInfo(k, size) for k in added[:fit]], name, 0.0)
+            return hits
         for j in new:
             if tr.used + size > tr.capacity:
                 break

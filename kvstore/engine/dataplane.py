@@ -19,6 +19,7 @@ import xxhash
 from kvstore.engine.blocks import NewBlock, check_payload, new_meta
 from kvstore.engine.core import Engine
 from kvstore.engine.leases import Lease, Reservation, check_lease_seconds
+from kvstore.engine.pace import Pace
 from kvstore.engine.store import StoreOp
 from kvstore.errors import (
     BadDescriptor,
@@ -37,9 +38,6 @@ __all__ = ["SlotPlane"]
 
 log = logging.getLogger(__name__)
 
-#: A Reserve or Commit of many blocks lets the event loop run other calls after each
-#: this many blocks (each costs ~10-20 us here: 64 of them hold the loop ~1 ms).
-YIELD_EVERY = 64
 #: Slots of a commit whose checksums the writer did not send are hashed on the event
 #: loop only up to this many bytes in all (~20 us); more go to a worker thread.
 INLINE_HASH_BYTES = 256 * 2**10
@@ -102,10 +100,11 @@ class SlotPlane:
         wanted = [size for i, (_, size) in enumerate(items) if target_of.get(i) is not None]
         run = (self.slots.reserve_run(wanted) if len(wanted) > 1 and not quotas else None) or []
         run.reverse()  # handed out in order, from the end
+        pace = Pace()
         try:
             for i, (h, size) in enumerate(items):
-                if i and not i % YIELD_EVERY:
-                    await asyncio.sleep(0)  # let other calls in (loop lag)
+                if pace.due():
+                    await pace.pause()  # let other calls in (loop lag)
                 target = target_of.get(i)
                 if target is None:
                     out.append(None)
@@ -219,12 +218,13 @@ class SlotPlane:
         namespace = op.namespace
         here = self.tier.name
         now = eng.clock()
+        pace = Pace()
         for i, (desc, b) in enumerate(items):
-            if i and not i % YIELD_EVERY:
+            if pace.due():
                 if done:
                     store.placed_many(op, done, here)
                     done.clear()
-                await asyncio.sleep(0)  # let other calls in (loop lag)
+                await pace.pause()  # let other calls in (loop lag)
                 now = eng.clock()
             r = eng.leases.take_reservation(desc.slot_id, now, owner)
             if desc != r.slot:
@@ -323,8 +323,11 @@ class SlotPlane:
         keys: list[BlockKey] = []
         budget = [int(eng.max_pinned_fraction * self.tier.capacity_bytes)
                   - eng.leases.pinned_bytes]
+        pace = Pace()
         try:
             for h in hashes:
+                if pace.due():
+                    await pace.pause()  # let other calls in (loop lag)
                 if not self._acquire_here(namespace, h, found, keys, budget):
                     await self._acquire_one(namespace, h, found, keys, budget)
         finally:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 from kvstore.engine.blocks import NewBlock
 from kvstore.errors import InvalidBlock
@@ -9,7 +11,8 @@ from kvstore.tiers.base import Slot
 from kvstore.types import BlockMeta, Medium
 
 __all__ = [
-    "MEDIUM_TO_PB", "PB_TO_MEDIUM", "header_to_pb", "new_block", "slot_from_pb", "slot_to_pb",
+    "MEDIUM_TO_PB", "PB_TO_MEDIUM", "add_header", "add_slot", "header_to_pb", "new_block",
+    "slot_from_pb",
 ]
 
 MEDIUM_TO_PB = {
@@ -51,11 +54,30 @@ def header_to_pb(meta: BlockMeta) -> pb.BlockHeader:
     )
 
 
-def slot_to_pb(slot: Slot, block_hash: bytes = b"", checksum: int = 0) -> pb.SlotDescriptor:
-    return pb.SlotDescriptor(
-        segment=slot.segment, offset=slot.offset, length=slot.length,
-        block_hash=block_hash, checksum=checksum, slot_id=slot.slot_id,
+# A response's per-block messages are built in place in its repeated field (``add``):
+# a message built and then appended is copied into the field, which doubles its cost
+# (measured here, 512 blocks of an Acquire's descriptor and header: 1.65 us a block
+# built in place, 3.0 us appended, 2.6 us passed as lists to the constructor).
+
+
+def add_header(headers: Any, meta: BlockMeta) -> None:
+    """Append ``meta``'s header to a repeated ``BlockHeader`` field, built in place."""
+    headers.add(
+        block_hash=meta.key.block_hash,
+        parent_hash=meta.parent_hash or b"",
+        token_ids=meta.token_ids,
+        size=meta.size,
+        checksum=meta.checksum,
+        session_id=meta.session_id,
+        workload=meta.workload.value,
     )
+
+
+def add_slot(slots: Any, slot: Slot, block_hash: bytes = b"", checksum: int = 0) -> None:
+    """Append ``slot``'s descriptor to a repeated ``SlotDescriptor`` field, built in
+    place."""
+    slots.add(segment=slot.segment, offset=slot.offset, length=slot.length,
+              block_hash=block_hash, checksum=checksum, slot_id=slot.slot_id)
 
 
 def slot_from_pb(d: pb.SlotDescriptor) -> Slot:

@@ -37,10 +37,11 @@ from kvstore.security.server import current_tenant, tenant_owner
 from kvstore.security.server import tenant_request_id as _rid
 from kvstore.server.convert import (
     MEDIUM_TO_PB,
+    add_header,
+    add_slot,
     header_to_pb,
     new_block,
     slot_from_pb,
-    slot_to_pb,
 )
 from kvstore.server.looplag import LoopLag
 from kvstore.tiers.base import Slot
@@ -221,10 +222,14 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             request.namespace, list(zip(request.block_hashes, request.sizes, strict=True)),
             owner=_owner(context), session_id=request.session_id, workload=request.workload,
             request_id=_rid(request.request_id))
-        return pb.ReserveResponse(
-            slots=[slot_to_pb(s, h) if s else pb.SlotDescriptor()
-                   for s, h in zip(slots, request.block_hashes, strict=True)],
-            lease_seconds=self.engine.lease_seconds)
+        resp = pb.ReserveResponse(lease_seconds=self.engine.lease_seconds)
+        out = resp.slots
+        for s, h in zip(slots, request.block_hashes, strict=True):
+            if s:
+                add_slot(out, s, h)
+            else:
+                out.add()
+        return resp
 
     @_unary
     async def Commit(self, request: pb.CommitRequest, context: Any) -> pb.CommitResponse:
@@ -259,15 +264,18 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                     ) -> pb.AcquireResponse:
         resp = pb.AcquireResponse(lease_id=lease.lease_id,
                                   lease_seconds=lease.deadline - self.engine.clock())
+        slots, headers = resp.slots, resp.headers
         for item in found:
             if item is None:
-                resp.slots.append(pb.SlotDescriptor())
-                resp.headers.append(pb.BlockHeader())
+                slots.add()
+                headers.add()
                 continue
             slot, meta = item
-            resp.slots.append(slot_to_pb(slot, meta.key.block_hash, meta.checksum)
-                              if slot else pb.SlotDescriptor())
-            resp.headers.append(header_to_pb(meta))
+            if slot:
+                add_slot(slots, slot, meta.key.block_hash, meta.checksum)
+            else:
+                slots.add()
+            add_header(headers, meta)
         return resp
 
     @_unary

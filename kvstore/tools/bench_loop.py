@@ -11,12 +11,17 @@ served path: the server is :class:`~kvstore.server.app.KVStoreServer` on the emb
 bench`` starts), on the loop ``kvstore serve`` runs (:func:`~kvstore.server.app.run_served`),
 and every call goes to the servicer object its gRPC server runs
 (``KVStoreServer.servicer``), after the blocks were written back to disk.
+
+Also, per Reserve / Commit / Acquire call, the longest the loop went without giving
+another task a turn (wall time: what any other call waits behind it at worst; a task that
+only yields takes those turns, and its few microseconds each are in the CPU figures).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -54,6 +59,37 @@ class _Context:
 def _cpu_us(samples: list[float], per: int) -> dict[str, float]:
     s = sorted(x / per * 1e6 for x in samples)
     return {"min_us": round(s[0], 2), "p50_us": round(statistics.median(s), 2)}
+
+
+class _Holds:
+    """The longest the loop went without running a ready callback while a call ran: a
+    task that only yields records the gaps between its turns (its wait behind the call,
+    as another call's would be)."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(0)
+            now = time.perf_counter()
+            self.longest = max(self.longest, now - last)
+            last = now
+
+    async def __aenter__(self) -> _Holds:
+        self.longest = 0.0
+        self._task = asyncio.create_task(self._tick())
+        await asyncio.sleep(0)  # (its first turn: it waits from here)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        await asyncio.sleep(0)  # (its turn after the call: the gap it spans is counted)
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
 
 
 def served_config(data_dir: str, batch_bytes: int = 0, dram_only: bool = False) -> Any:
@@ -138,14 +174,19 @@ async def _run(lookups: int, block: int, blocks: int, batches: int, dram_only: b
         headers = [pb.BlockHeader(block_hash=b.block_hash, parent_hash=b.parent_hash or b"",
                                   token_ids=b.token_ids) for b in batch]
         cpu: dict[str, list[float]] = {"reserve": [], "commit": [], "acquire": []}
+        #: per call, the longest the loop was held between two turns of another task
+        held: dict[str, list[float]] = {"reserve": [], "commit": [], "acquire": []}
+        holds = _Holds()
         for rep in range(batches + 2):
             ns = f"bench-loop-{rep}"
             req = pb.ReserveRequest(namespace=ns, block_hashes=[b.block_hash for b in batch],
                                     sizes=[block] * blocks).SerializeToString()
-            t = time.thread_time()
-            resv = await sv.Reserve(pb.ReserveRequest.FromString(req), ctx)
-            wire_resv = resv.SerializeToString()
-            t_reserve = time.thread_time() - t
+            async with holds:
+                t = time.thread_time()
+                resv = await sv.Reserve(pb.ReserveRequest.FromString(req), ctx)
+                wire_resv = resv.SerializeToString()
+                t_reserve = time.thread_time() - t
+            h_reserve = holds.longest
             resv = pb.ReserveResponse.FromString(wire_resv)
             slots = []
             for s, c, b in zip(resv.slots, sums, batch, strict=True):
@@ -156,17 +197,21 @@ async def _run(lookups: int, block: int, blocks: int, batches: int, dram_only: b
                 slots.append(d)
             commit = pb.CommitRequest(namespace=ns, slots=slots,
                                       headers=headers).SerializeToString()
-            t = time.thread_time()
-            stored = (await sv.Commit(pb.CommitRequest.FromString(commit), ctx)).stored
-            t_commit = time.thread_time() - t
+            async with holds:
+                t = time.thread_time()
+                stored = (await sv.Commit(pb.CommitRequest.FromString(commit), ctx)).stored
+                t_commit = time.thread_time() - t
+            h_commit = holds.longest
             if stored != blocks:
                 raise RuntimeError(f"commit stored {stored} of {blocks}")
             acq = pb.AcquireRequest(namespace=ns, block_hashes=[b.block_hash for b in batch]
                                     ).SerializeToString()
-            t = time.thread_time()
-            lease = await sv.Acquire(pb.AcquireRequest.FromString(acq), ctx)
-            lease.SerializeToString()
-            t_acquire = time.thread_time() - t
+            async with holds:
+                t = time.thread_time()
+                lease = await sv.Acquire(pb.AcquireRequest.FromString(acq), ctx)
+                lease.SerializeToString()
+                t_acquire = time.thread_time() - t
+            h_acquire = holds.longest
             await sv.Release(pb.ReleaseRequest(lease_id=lease.lease_id), ctx)
             # (written back before the delete: a slot committed with the wrong bytes
             # fails its write-back's checksum, and ``transfers_failed`` says so)
@@ -176,6 +221,9 @@ async def _run(lookups: int, block: int, blocks: int, batches: int, dram_only: b
                 cpu["reserve"].append(t_reserve)
                 cpu["commit"].append(t_commit)
                 cpu["acquire"].append(t_acquire)
+                held["reserve"].append(h_reserve)
+                held["commit"].append(h_commit)
+                held["acquire"].append(h_acquire)
         return {
             "load_average": round(os.getloadavg()[0], 2), "policy": eng.policy.name,
             "tiers": list(eng.tiers), "transfers_failed": eng.mover.failed,
@@ -184,6 +232,9 @@ async def _run(lookups: int, block: int, blocks: int, batches: int, dram_only: b
                for key, session in (("lookup_1000", ""), ("lookup_1000_named", "bench-session"))},
             "per_block": {"block": block, "blocks": blocks, "batches": batches,
                           **{op: _cpu_us(v, blocks) for op, v in cpu.items()}},
+            "longest_hold_ms": {op: {"p50": round(statistics.median(v) * 1e3, 3),
+                                     "max": round(max(v) * 1e3, 3)}
+                                for op, v in held.items() if v},
         }
     finally:
         segments.close()
@@ -217,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  per {pb_['block'] >> 10} KiB block, batches of {pb_['blocks']}: " + ", ".join(
         f"{op} p50 {pb_[op]['p50_us']:.1f} us (min {pb_[op]['min_us']:.1f})"
         for op in ("reserve", "commit", "acquire")))
+    hold = r["longest_hold_ms"]
+    print(f"  longest the loop was held by one call of {pb_['blocks']} blocks: " + ", ".join(
+        f"{op} p50 {hold[op]['p50']:.3f} ms (max {hold[op]['max']:.3f})"
+        for op in ("reserve", "commit", "acquire") if op in hold))
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=2))
     return 0
