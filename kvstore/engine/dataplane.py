@@ -194,7 +194,6 @@ class SlotPlane:
         store = eng.store
         op = store.resume(namespace, [b.block_hash for _, b in items], session_id, workload,
                           request_id)
-        here = self.tier.name
         #: blocks committed in their slots and not indexed yet: indexed (and the policy,
         #: the events and the write-back told) together, before anything awaits, so no
         #: other call sees a committed slot the index does not hold
@@ -202,8 +201,7 @@ class SlotPlane:
         try:
             await self._commit_each(items, digests, op, owner, done)
         finally:
-            if done:
-                store.placed_many(op, done, here)
+            self._place(op, done)
         store.finish(op)
         if eng.profile is not None:
             eng.profile.on_store((d.length, len(blk.token_ids)) for d, blk in items)
@@ -220,11 +218,9 @@ class SlotPlane:
         now = eng.clock()
         pace = Pace()
         for i, (desc, b) in enumerate(items):
-            if pace.due():
-                if done:
-                    store.placed_many(op, done, here)
-                    done.clear()
-                await pace.pause()  # let other calls in (loop lag)
+            if pace.due(len(done)):
+                # (what was committed is placed before anything else runs)
+                await pace.pause(lambda: self._place(op, done), len(done))  # loop lag
                 now = eng.clock()
             r = eng.leases.take_reservation(desc.slot_id, now, owner)
             if desc != r.slot:
@@ -249,9 +245,7 @@ class SlotPlane:
             meta = new_meta(namespace, b, digests[i] or xxhash.xxh3_64_intdigest(
                 self.slots.view(r.slot)), op.session_id, op.workload, size=r.slot.length)
             if r.target != here and r.target is not None:
-                if done:
-                    store.placed_many(op, done, here)
-                    done.clear()
+                self._place(op, done)
                 view = self.slots.view(r.slot)
                 try:
                     copied = await store.store(op, meta, view, r.target)
@@ -273,6 +267,13 @@ class SlotPlane:
                 # a persistent target without its prefix: kept here, written back after
             self.slots.commit(r.slot, meta)
             done.append(meta)
+
+    def _place(self, op: StoreOp, done: list[BlockMeta]) -> None:
+        """Place the blocks committed in their slots since the last time (``done``,
+        emptied): indexed, and the policy, the events and the write-back told."""
+        if done:
+            self.engine.store.placed_many(op, done, self.tier.name)
+            done.clear()
 
     async def _digests(self, items: Sequence[tuple[Slot, NewBlock]], given: Sequence[int]
                        ) -> list[int]:

@@ -24,6 +24,7 @@ from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 from kvstore.engine.core import Engine
 from kvstore.engine.dataplane import SlotPlane
 from kvstore.engine.leases import Lease
+from kvstore.engine.pace import Pace
 from kvstore.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -166,7 +167,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                                  media=list(map(MEDIUM_TO_PB.__getitem__, found.media)),
                                  store_blocks=found.store, keep_ms=found.keep_s * 1e3)
         if found.held is not None:
-            resp.held.CopyFrom(self._held_to_pb(*found.held))
+            await self._held_to_pb(*found.held, resp.held)
         return resp
 
     @_unary
@@ -236,8 +237,14 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         if len(request.slots) != len(request.headers):
             raise InvalidArgument(
                 f"Commit: {len(request.slots)} slots but {len(request.headers)} headers")
-        items = [(slot_from_pb(d), new_block(h, max_tokens=self.engine.max_block_tokens))
-                 for d, h in zip(request.slots, request.headers, strict=True)]
+        # (converted between the loop's other calls: ~3.5 us a block, 2 ms for 512)
+        items = []
+        pace = Pace()
+        max_tokens = self.engine.max_block_tokens
+        for d, h in zip(request.slots, request.headers, strict=True):
+            if pace.due():
+                await pace.pause()
+            items.append((slot_from_pb(d), new_block(h, max_tokens=max_tokens)))
         stored = await self._plane().commit(request.namespace, items, request.session_id,
                                             request.workload, owner=_owner(context),
                                             request_id=_rid(request.request_id),
@@ -258,14 +265,20 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                         context: Any) -> pb.AcquireResponse:
         lease, found = await self._plane().acquire(namespace, hashes, lease_seconds,
                                                    owner=_owner(context))
-        return self._held_to_pb(lease, found)
+        return await self._held_to_pb(lease, found, pb.AcquireResponse())
 
-    def _held_to_pb(self, lease: Lease, found: list[tuple[Slot | None, BlockMeta] | None]
-                    ) -> pb.AcquireResponse:
-        resp = pb.AcquireResponse(lease_id=lease.lease_id,
-                                  lease_seconds=lease.deadline - self.engine.clock())
+    async def _held_to_pb(self, lease: Lease,
+                          found: list[tuple[Slot | None, BlockMeta] | None],
+                          resp: pb.AcquireResponse) -> pb.AcquireResponse:
+        """``resp`` filled with the lease and where each block lies (built between the
+        loop's other calls: ~1.7 us a block)."""
+        resp.lease_id = lease.lease_id
+        resp.lease_seconds = lease.deadline - self.engine.clock()
         slots, headers = resp.slots, resp.headers
+        pace = Pace()
         for item in found:
+            if pace.due():
+                await pace.pause()
             if item is None:
                 slots.add()
                 headers.add()
