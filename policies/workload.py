@@ -2,20 +2,13 @@
 
 Chat and agents resend their whole history every call, so what is worth
 caching is a *session's* prefix, and what decides its worth is when the session
-sends again. Every session is waiting on something: a tool it called, its
-user, nothing any more (it ended), or, without hints, just waiting. Per class
-of wait (workload, what it waits on and which tool, how many turns the session
-had so far, how fast it came back last time) the policy learns online when
-sessions come back
-(:class:`~kvstore.policies.returns.ReturnTimes`); it never sees the future.
-
-A session's *value* is the share of sessions of its class, having waited as
-long as it has, that send again within the next ``window_s`` seconds: a
-session waiting on a quick tool is worth a lot, one whose user has been away
-for ten minutes little, an ended one nothing. A session with a request in
-flight is valued by the wait its lookup announced (``then`` / ``tool``: what
-that wait is worth at its start), else by what usually follows a request of its
-workload (a tool call, a user turn, nothing).
+sends again. A session's *value* (:mod:`~kvstore.policies.sessions`) is the share
+of sessions of its class of wait (workload, what it waits on and which tool, how
+many turns the session had so far, how fast it came back last time), having waited
+as long as it has, that send again within the next ``window_s`` seconds, learned
+online (:class:`~kvstore.policies.returns.ReturnTimes`); it never sees the future.
+Blocks several sessions used belong to their workload's pool, valued by how soon
+shared blocks come back (:mod:`~kvstore.policies.claims`).
 
 * Eviction takes the least valuable session first, its chain's tail first
   (children before parents, so a prefix shrinks from its end).
@@ -37,25 +30,16 @@ workload (a tool call, a user turn, nothing).
   hint's, else the class's median) is longer than ``keep_gap_s`` moves its
   blocks out of the fastest tier.
 * The HBM keep (``Plan.keep_s``: the engine holds a finished request's blocks
-  for the session's next request) is asked only where it pays: every keep
-  considered (a tool call or user turn whose class is back soon) is judged when
-  the session is back, held or not (:mod:`~kvstore.policies.holds`): was it back
-  within the keep, for the prefix held, and would the sidecar not have served
-  that prefix nearly as fast itself? A class whose keeps gain less than half of
-  what they pin asks none. Before a class is judged, a keep is asked for the gap
-  the client gave, or where the sidecar will not hold the request's prefix in a
-  fast tier. Where the lookup says what the engine's own cache held
-  (``RequestInfo.engine_hit``), what it kept by itself gains nothing, asked keeps
-  go unjudged and one in four is left unasked to keep judging (the ledger's probe).
+  for the session's next request) is asked only where it pays
+  (:mod:`~kvstore.policies.keeps`): every keep considered is judged when the
+  session is back, held or not (:mod:`~kvstore.policies.holds`), and a class
+  whose keeps gain less than half of what they pin asks none.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Container, Hashable, Iterator, Sequence
-from dataclasses import dataclass
-from itertools import repeat
-from operator import itemgetter, sub
 from typing import Any, Self
 
 from kvstore.policies._owners import Pool, TierOwners
@@ -69,61 +53,22 @@ from kvstore.policies.base import (
     RequestInfo,
     TierSpec,
 )
+from kvstore.policies.claims import Claims
 from kvstore.policies.cost import CostModel
 from kvstore.policies.holds import HoldLedger, PendingHold
+from kvstore.policies.keeps import Keeps
 from kvstore.policies.returns import ReturnTimes
-
-_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+from kvstore.policies.sessions import _BACK, _IDLE, _WAIT, Sessions, _gap, _Session
 
 __all__ = ["WorkloadPolicy"]
 
-#: Hint event -> what the session waits on after it.
-_WAIT = {"tool_call": "tool", "turn_end": "user", "session_end": "end",
-         "tool_result": "back", "user": "back", "session_start": "back"}
-#: Hints that say the session is about to send again: its blocks are prefetched up.
-_BACK = frozenset({"tool_result", "user", "session_start"})
-#: What a request's session waits on when no hint follows it.
-_IDLE = "idle"
-_MAX_TOOLS = 32
-#: Waits of a class seen before its statistics may decide an HBM keep.
-_KEEP_MIN_WAITS = 8
 
+class WorkloadPolicy(Sessions, Claims, Keeps, Policy):
+    """The sessions' values (:class:`~kvstore.policies.sessions.Sessions`), the blocks'
+    owners (:class:`~kvstore.policies.claims.Claims`) and the HBM keep
+    (:class:`~kvstore.policies.keeps.Keeps`), put together: admission, eviction,
+    demotion and hints."""
 
-def _turns(n: int) -> int:
-    """Bucket of how many requests the session made: 1, 2-3, 4+."""
-    return 0 if n <= 1 else 1 if n <= 3 else 2
-
-
-def _gap(gap: float | None) -> int:
-    """Bucket of how long the session took to come back last time."""
-    return 0 if gap is None else 1 if gap < 60 else 2 if gap < 240 else 3
-
-
-
-
-@dataclass(slots=True)
-class _Session:
-    workload: str
-    wait: str = _IDLE  # idle | tool | user | end | back
-    tool: str = ""
-    since: float = 0.0
-    turns: int = 0
-    last_gap: int = 0  # bucket of its last return gap
-    cls: tuple[str, str, str, int, int] = ("", _IDLE, "", 0, 0)
-    #: the wait counts toward learning (a real wait, not one a hint replaced at once)
-    learning: bool = False
-    gap: float | None = None  # a hint's expected gap, when the client gave one
-    #: the keep considered for its last request, judged when it is back
-    hold: PendingHold | None = None
-    #: its last request's full blocks and the key of the last of them
-    full: tuple[int, Hashable] | None = None
-    #: its last lookup said what the turn ends with (the keep was considered there)
-    told: bool = False
-    #: what it will wait on (and the tool) once its request in flight ends, if said
-    next: tuple[str, str] | None = None
-
-
-class WorkloadPolicy(Policy):
     name = "workload"
 
     def __init__(self, tiers: Sequence[TierSpec], cost: CostModel | None = None,
@@ -174,155 +119,6 @@ class WorkloadPolicy(Policy):
         if config.hbm_keep_max_s is not None:
             options["hbm_keep_max_s"] = config.hbm_keep_max_s
         return cls(config.tiers, **options)
-
-    # -- sessions and their value -------------------------------------------------------
-    def _session(self, name: Hashable, workload: str) -> _Session:
-        s = self._sessions.get(name)
-        if s is None:
-            s = self._sessions[name] = _Session(workload)
-            while len(self._sessions) > self.max_sessions:
-                self._sessions.popitem(last=False)
-        else:
-            self._sessions.move_to_end(name)
-        return s
-
-    def _tool(self, workload: str, tool: str | None) -> str:
-        """Tool names are client strings: at most ``_MAX_TOOLS`` become classes."""
-        if not tool:
-            return "?"
-        known = self._tools.setdefault(workload, set())
-        if tool in known or len(known) < _MAX_TOOLS:
-            known.add(tool)
-            return tool
-        return "other"
-
-    def _wait(self, name: Hashable, s: _Session, wait: str, tool: str, now: float,
-              gap: float | None = None) -> None:
-        """``name`` starts waiting on ``wait`` now."""
-        if s.learning and s.wait == _IDLE and wait != _IDLE:
-            self.returns.cancel(s.cls)  # a hint says what this wait really is
-        s.wait, s.tool, s.since, s.gap = wait, tool, now, gap
-        s.cls = self._cls(s, wait, tool)
-        s.learning = wait not in ("end", "back")
-        if s.learning:
-            self.returns.start(s.cls)
-
-    @staticmethod
-    def _cls(s: _Session, wait: str, tool: str) -> tuple[str, str, str, int, int]:
-        return (s.workload, wait, tool, _turns(s.turns), s.last_gap)
-
-    def _value(self, name: Hashable) -> float:
-        return self._value_at(name, self._now)
-
-    def _value_at(self, name: Hashable, now: float) -> float:
-        if isinstance(name, Pool):
-            return self._pool_value(name, now)
-        at = (now, self._epoch)
-        if at != self._memo_at:
-            self._memo.clear()
-            self._memo_at = at
-        v = self._memo.get(name)
-        if v is None:
-            # (computed again at the same ``now`` and epoch it hits ``_vcache`` only:
-            # the same value, and nothing changes, so it is not computed again)
-            s = self._sessions.get(name)
-            v = self._memo[name] = 0.0 if s is None else self._value_of(s, now)
-        return v
-
-    def _worst_first(self, tier: str, now: float, skip: Hashable | None = None
-                     ) -> list[tuple[float, Hashable]]:
-        """``TierOwners.worst_first`` of the tier valued at ``now``, sorted again only
-        when ``now``, the epoch, the owners there or a pool's value changed. A pool's
-        value (what its oldest block is worth) changes with its blocks, so it is
-        computed at every call, as every value was before; a session's is the memo's
-        then, the same value computed again."""
-        tr = self._t[tier]
-        pools = tuple([self._pool_value(p, now) for p in tr.pools if p != skip])
-        stamp = (now, self._epoch, tr.groups, pools)
-        key = (tier, skip)
-        cached = self._orders.get(key)
-        if cached is not None and cached[0] == stamp:
-            return cached[1]
-        order = tr.worst_first(lambda owner: self._value_at(owner, now), skip)
-        if len(self._orders) >= 64:  # (one entry per skipped session: keep it small)
-            self._orders.clear()
-        self._orders[key] = (stamp, order)
-        return order
-
-    def _pool_value(self, pool: Pool, now: float) -> float:
-        """A pool is worth what its least recently used block is: shared blocks of the
-        workload, idle that long, come back within the window that often."""
-        for tr in self._t.values():
-            key = tr.oldest(pool)
-            if key is not None:
-                use = self._uses.get(key) or self._old_uses.get(key)
-                age = now - use[1] if use is not None else 1e9
-                return self._score((pool.workload, "shared", "", 0, 0), age)
-        return 0.0
-
-    def _pool(self, workload: str) -> Pool:
-        """The one :class:`Pool` object of ``workload`` (owners compare by identity
-        first, a block's claim being the hot path of every lookup)."""
-        pool = self._pools.get(workload)
-        if pool is None:
-            pool = self._pools[workload] = Pool(workload)
-        return pool
-
-    def _use(self, key: Hashable, name: Hashable, workload: str, now: float) -> bool:
-        """Record that ``name`` used ``key``; True if the key is shared (two sessions used
-        it). A shared key's reuse gaps are learned as the workload's "shared" wait."""
-        prev = self._uses.get(key)
-        if prev is None:
-            prev = self._old_uses.get(key)
-        shared = prev is not None and prev[0] != name
-        if shared:
-            cls = (workload, "shared", "", 0, 0)
-            if prev is not None and prev[0] is None:
-                self.returns.returned(cls, now - prev[1])
-            self.returns.start(cls)
-            self._uses[key] = (None, now)
-        else:
-            self._uses[key] = (name, now)
-        if len(self._uses) > self.max_sessions * 10:
-            self._old_uses, self._uses = self._uses, {}
-        return shared
-
-    def _value_of(self, s: _Session, now: float) -> float:
-        if s.wait == "end":
-            return 0.0
-        if s.wait == "back":
-            return 1.0 + 1e-3
-        if s.wait == _IDLE and s.next is not None:  # in flight, its next wait said
-            return self._newcomer(s)
-        e = max(0.0, now - s.since)
-        if s.gap is not None:  # the client said when it will be back
-            left = s.gap - e
-            return 1.0 if 0.0 <= left <= self.window_s else (
-                self.window_s / left if left > 0 else 0.05)
-        return self._score(s.cls, e)
-
-    def _score(self, cls: Hashable, e: float) -> float:
-        q = int(e) if e < 60 else 60 + int(e - 60) // 10 if e < 660 else 120 + int(e) // 60
-        key = (cls, q)
-        v = self._vcache.get(key)
-        if v is None:
-            v = self._vcache[key] = self.returns.rate(cls, e, self.window_s)
-        return v
-
-    def _newcomer(self, s: _Session) -> float:
-        """Value of a session whose request is in flight: what its next wait is worth
-        at its start: the wait its lookup said (``then``), else weighed by what usually
-        follows a request of its workload."""
-        if s.next is not None:
-            wait, tool = s.next
-            return 0.0 if wait == "end" else self._score(self._cls(s, wait, tool), 0.0)
-        follows = self.follows.get(s.workload)
-        if not follows:
-            return self._score(self._cls(s, _IDLE, ""), 0.0)
-        total = sum(follows.values())
-        return sum(n / total * (0.0 if w == "end" else
-                                self._score(self._cls(s, w, "?" if w == "tool" else ""), 0.0))
-                   for w, n in follows.items())
 
     # -- requests -----------------------------------------------------------------------
     def on_request(self, req: RequestInfo, now: float) -> Plan:
@@ -416,160 +212,6 @@ class WorkloadPolicy(Policy):
                     admit[keys[next(it)]] = spec.name
                 left -= n
         return Plan(admit, keep_s=self._keep_s(s, req, admit))
-
-    def _claim_run(self, keys: Sequence[Hashable], hit: Sequence[str | None],
-                   name: Hashable, mine: tuple[Hashable, float],
-                   prevs: list[tuple[Hashable, float] | None]) -> bool:
-        """:meth:`on_request`'s walk over the keys in C-level passes, for the common
-        case only (False: nothing done): the session's prefix back (each key last used
-        by this session, none shared), then keys never seen, the hits a prefix of
-        them in one tier. The same uses, claims and positions as the walk. ``prevs``:
-        each key's use (``self._uses.get``)."""
-        n = len(keys)
-        if not n or len(hit) != n:
-            return False
-        uses = self._uses
-        fresh = prevs.count(None)
-        m = n - fresh  # keys known, a prefix
-        if m:
-            p0 = prevs[0]
-            if p0 is None or p0[0] != name or prevs.count(p0) != m:
-                return False
-        if len(uses) + fresh > self.max_sessions * 10:
-            return False  # (the walk would turn a generation over)
-        if fresh:
-            if prevs.index(None) != m:
-                return False
-            if list(map(self._old_uses.get, keys[m:])).count(None) != fresh:
-                return False
-        nh = n - hit.count(None)  # hits, a prefix in one tier
-        if nh and (hit[0] is None or hit.count(hit[0]) != nh
-                   or (nh < n and hit.index(None) != nh)):
-            return False
-        uses.update(zip(keys, repeat(mine)))
-        if nh:
-            t0 = hit[0]
-            assert t0 is not None
-            self._t[t0].claim_run(keys[:nh] if nh < n else keys, name)
-        return True
-
-    def _pooled_run(self, keys: Sequence[Hashable], hit: Sequence[str | None],
-                    name: Hashable, pool: Pool, pooled: tuple[None, float],
-                    prevs: list[Any]) -> list[float] | None:
-        """:meth:`on_request`'s walk in C-level passes for its other common case (None:
-        nothing done): every key distinct and last used by the workload's pool (a
-        prefix shared between sessions, as a system prompt is), the hits a prefix of
-        them in one tier. The same uses and claims as the walk; returns the keys'
-        reuse gaps (each key a shared start). ``prevs``: each key's use."""
-        n = len(keys)
-        if not n or len(hit) != n or name is None:
-            return None
-        uses = self._uses
-        if None in prevs or list(map(_FIRST, prevs)).count(None) != n:
-            return None
-        if len(uses) > self.max_sessions * 10:
-            return None
-        # key -> chain position (and: are they distinct?)
-        at = dict(zip(keys, range(n), strict=True))
-        if len(at) != n:
-            return None
-        nh = n - hit.count(None)  # hits, a prefix in one tier
-        if nh and (hit[0] is None or hit.count(hit[0]) != nh
-                   or (nh < n and hit.index(None) != nh)):
-            return None
-        uses.update(dict.fromkeys(at, pooled))  # (the hashes known: no second hashing)
-        if nh:
-            t0 = hit[0]
-            assert t0 is not None
-            self._t[t0].claim_run(keys[:nh] if nh < n else keys, pool,
-                                  at if nh == n else None)
-        return list(map(sub, repeat(pooled[1]), map(_SECOND, prevs)))
-
-    # -- the HBM keep -------------------------------------------------------------------
-    @staticmethod
-    def _full(req: RequestInfo) -> int:
-        """Full blocks of the request (what the engine caches and a keep holds)."""
-        n = len(req.keys)
-        return n - 1 if n and 0 < req.last_tokens < req.block_tokens else n
-
-    def _expire_holds(self, now: float) -> None:
-        """Keeps whose session was not back by their end gained nothing."""
-        for name, h in self.holds.expired(now):
-            cls = h.cls
-            s = self._sessions.get(name)
-            if s is not None and s.hold is h:
-                s.hold = None
-                self.holds.judge(cls, 0.0)
-
-    def _judge_hold(self, s: _Session, req: RequestInfo, now: float) -> None:
-        """The session is back: would the keep considered for its last request have
-        paid (:meth:`HoldLedger.returned`)?"""
-        h = s.hold
-        s.hold = None
-        if h is None:
-            return
-        worth = req.worth or self._worth
-        tiers = [t if t is not None and worth[self._order[t]] else None
-                 for t in req.hit_tiers[:h.blocks]]
-        self.holds.returned(h, req.keys, tiers, now - s.since, req.engine_hit)
-
-    def _keep_s(self, s: _Session, req: RequestInfo, admit: dict[Hashable, str]) -> float:
-        """The keep the wait's class would get (:meth:`_keep_for`), asked only where
-        it pays: once the class's past keeps are judged (:class:`HoldLedger`), if they
-        won at least the ledger's ``bar`` of what they held; before that, for the gap
-        the client gave, or if the sidecar will not hold this request's prefix in a
-        tier nearly as fast as the engine (refused, or in a slow tier), so that a
-        return would recompute or slowly load most of it. Every keep considered is
-        judged when the session is back, asked or not."""
-        s.hold = None
-        n = self._full(req)
-        s.full = (n, req.keys[n - 1]) if n > 0 else None
-        s.told = bool(req.then)
-        wait = _WAIT.get(req.then)
-        tool = self._tool(s.workload, req.tool) if wait == "tool" else ""
-        keep = self._keep_for(s, wait, tool, req.expected_gap_s)
-        if keep <= 0.0 or n <= 0:
-            return 0.0
-        cls = (s.workload, wait, tool)
-        s.hold = PendingHold(cls, keep, n, req.keys[n - 1])
-        pays = self.holds.pays(cls)
-        if pays is None and req.expected_gap_s is None:
-            plan = [t if t is not None else admit.get(k)
-                    for k, t in zip(req.keys[:n], req.hit_tiers[:n], strict=True)]
-            pays = self.holds.gain_over(plan, n) >= self.holds.bar
-        if not (pays or pays is None):
-            return 0.0
-        if req.engine_hit is not None and not self.holds.ask(cls):
-            return 0.0  # a probe: unasked, its return shows what the engine keeps itself
-        s.hold = PendingHold(cls, keep, n, req.keys[n - 1], asked=True)
-        return keep
-
-    def _keep_for(self, s: _Session, wait: str | None, tool: str, gap: float | None,
-                  keep: bool = True) -> float:
-        """The keep considered (asked only where it pays, :meth:`_keep_s`): how long the
-        engine would hold this request's blocks after it ends. Only for a turn that ends
-        waiting (on a tool or the user): for the gap the client gave, if it is at most
-        ``hbm_keep_max_s``; else if most sessions of the wait's
-        class (learned per tool, as for eviction) were back within ``hbm_keep_max_s``,
-        until nine in ten of those are. Before a class has ``_KEEP_MIN_WAITS`` waits of
-        its own, the hint decides: a tool call is considered for the whole bound (tools
-        answer in seconds), a user turn is not (people answer in minutes). Otherwise 0:
-        release (offload what was saved)."""
-        limit = self.hbm_keep_max_s
-        if limit <= 0 or wait not in ("tool", "user"):
-            return 0.0
-        if gap is not None:
-            return gap if 0.0 < gap <= limit else 0.0
-        cls = self._cls(s, wait, tool)
-        if self.returns.waits(cls) < _KEEP_MIN_WAITS:
-            return limit if wait == "tool" else 0.0
-        back = self.returns.back_by(cls, limit, keep)
-        if back < 0.5:
-            return 0.0
-        t = limit / 64
-        while t < limit and self.returns.back_by(cls, t, keep) < 0.9 * back:
-            t *= 2
-        return min(t, limit)
 
     def _room(self, tier: str, value: float, need: int, session: Hashable) -> int:
         """Bytes ``tier`` can give a newcomer worth ``value``: free room plus what

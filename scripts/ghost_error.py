@@ -1,7 +1,7 @@
 """How far the guard's LRU ghost is from what LRU really serves, in the served topology.
 
 ``AdaptivePolicy`` scores its bets as real prefix hits minus its LRU ghost's
-(``kvstore.policies.adaptive.LRUGhost``), so its bound on the loss to LRU holds only
+(``kvstore.policies.guard.LRUGhost``), so its bound on the loss to LRU holds only
 where the ghost counts what LRU serves. Here LRU leads the whole trace (the guard's
 leader is pinned to ``lru`` before and after every lookup, and the bank is unbounded),
 so the score at the end is the ghost's error: LRU's real prefix hits minus the ghost's,
