@@ -42,35 +42,33 @@ def new_block(header: pb.BlockHeader, payload: bytes | memoryview = b"",
     )
 
 
+def _header_fields(meta: BlockMeta) -> dict[str, Any]:
+    """A ``BlockHeader``'s fields for ``meta``: one mapping for both builders below (the
+    dict costs ~0.2 us a header: 2.33 against 2.15 us for 512 built in place)."""
+    return {
+        "block_hash": meta.key.block_hash,
+        "parent_hash": meta.parent_hash or b"",
+        "token_ids": meta.token_ids,
+        "size": meta.size,
+        "checksum": meta.checksum,
+        "session_id": meta.session_id,
+        "workload": meta.workload.value,
+    }
+
+
 def header_to_pb(meta: BlockMeta) -> pb.BlockHeader:
-    return pb.BlockHeader(
-        block_hash=meta.key.block_hash,
-        parent_hash=meta.parent_hash or b"",
-        token_ids=meta.token_ids,
-        size=meta.size,
-        checksum=meta.checksum,
-        session_id=meta.session_id,
-        workload=meta.workload.value,
-    )
+    return pb.BlockHeader(**_header_fields(meta))
 
 
-# A response's per-block messages are built in place in its repeated field (``add``):
-# a message built and then appended is copied into the field, which doubles its cost
-# (measured here, 512 blocks of an Acquire's descriptor and header: 1.65 us a block
-# built in place, 3.0 us appended, 2.6 us passed as lists to the constructor).
+# A response's per-block messages are built in place in their repeated field (``add``):
+# a message built and then appended is copied into the field, which about doubles its
+# cost (measured here, 512 blocks of an Acquire's descriptor and header: 1.65 us a
+# block built in place, 3.0 us appended, 2.6 us passed as lists to the constructor).
 
 
 def add_header(headers: Any, meta: BlockMeta) -> None:
     """Append ``meta``'s header to a repeated ``BlockHeader`` field, built in place."""
-    headers.add(
-        block_hash=meta.key.block_hash,
-        parent_hash=meta.parent_hash or b"",
-        token_ids=meta.token_ids,
-        size=meta.size,
-        checksum=meta.checksum,
-        session_id=meta.session_id,
-        workload=meta.workload.value,
-    )
+    headers.add(**_header_fields(meta))
 
 
 def add_slot(slots: Any, slot: Slot, block_hash: bytes = b"", checksum: int = 0) -> None:
