@@ -19,6 +19,20 @@ trace may lose to LRU (an allowance that grows as the square root of the evidenc
 below it *lru* takes over for a probation, after which the bets get a trial, on
 named sessions with some credit.
 
+On named sessions, with one tier worth loading from, the bets place nothing until
+they have shown on their own ghost (:class:`~kvstore.policies.shadow.WorkloadGhost`,
+keys only) that they would have hit more than the LRU ghost by ``prove`` standard
+deviations of the paired per-request difference (``proven``); until then, and
+again after each lost lead until the ghost shows it again, LRU places the blocks. A
+guard that only measures the real tiers reacts after a loss, and one request can
+lose a returning session's whole chain: on the served grid's short traces
+(``scripts/replay_grid.py --engine-share 0.05``) that put three of 135 points 0.28-0.54
+points below LRU, where the bets' ghost never proves them. The price is the time the
+ghost takes to prove a real gain (on those traces, part of the gain at the tightest
+capacity). With two tiers or more the floor (below) keeps LRU's hits, and what the
+bets win there is which tier serves a block, which no hit-counting ghost sees: there
+the bets are proven from the start.
+
 Traffic that names no sessions (the engine infers them from prefixes and says so:
 ``RequestInfo.session_named`` is false) gets other bets while they pay: per-block
 reuse counts (:class:`~kvstore.policies.frequency.FrequencyPolicy`, which sees every
@@ -71,6 +85,7 @@ from kvstore.policies.cost import CostModel
 from kvstore.policies.frequency import FrequencyGhost, FrequencyPolicy
 from kvstore.policies.guard import Guard, LRUGhost
 from kvstore.policies.lru import LRUPolicy
+from kvstore.policies.shadow import WorkloadGhost
 from kvstore.policies.workload import WorkloadPolicy
 
 __all__ = ["AdaptivePolicy", "LRUGhost"]
@@ -92,7 +107,7 @@ class AdaptivePolicy(Guard, Policy):
                  allowance_per_root: float = 0.2, min_allowance: float = 1.0,
                  credit: float = 2.0, credit_per_allowance: float = 4.0,
                  counts_lead: float = 4.0, max_backoff: int = 64, floor_share: float = 0.01,
-                 **bets: float) -> None:
+                 prove: float = 2.0, **bets: float) -> None:
         super().__init__(tiers)
         if window <= 0 or bank < 0:
             raise ValueError(f"window must be > 0 and bank >= 0 (capacities), "
@@ -107,9 +122,12 @@ class AdaptivePolicy(Guard, Policy):
             raise ValueError(f"max_backoff must be >= 1, got {max_backoff}")
         if not 0 <= floor_share < 1:
             raise ValueError(f"floor_share must be in [0, 1), got {floor_share}")
+        if prove < 0:
+            raise ValueError(f"prove must be >= 0, got {prove}")
         self.cost = cost or CostModel()
         #: the bets expert; ``bets`` options (margin, window_s, keep_gap_s) go to it
         self.bets = WorkloadPolicy(tiers, self.cost, hbm_keep_max_s=hbm_keep_max_s, **bets)
+        self._bet_options: dict[str, float] = dict(bets, hbm_keep_max_s=hbm_keep_max_s)
         #: the bets on traffic that names no sessions (per-block reuse counts)
         self.freq = FrequencyPolicy(tiers, self.cost)
         self.lru = LRUPolicy(tiers)
@@ -126,6 +144,7 @@ class AdaptivePolicy(Guard, Policy):
         self.counts_lead = counts_lead
         self.max_backoff = max_backoff
         self.floor_share = floor_share
+        self.prove = prove
         self._worth = tuple(self.cost.worth_loading(t) for t in tiers)
         worthy = [t.name for i, t in enumerate(self.tiers) if self._worth[i]]
         #: the floor: the slowest tier worth loading from, below a faster one (None with
@@ -141,6 +160,13 @@ class AdaptivePolicy(Guard, Policy):
         #: its decayed hits minus the LRU ghost's: the counts bet only while it is > 0
         self._fghost: FrequencyGhost | None = None
         self.count_advantage = 0.0
+        #: the named-session bets' own ghost, and its hits minus the LRU ghost's since
+        #: the bets last lost the lead (and the sum of their squares): on named sessions
+        #: the bets place blocks only once it is ``prove`` roots above zero
+        self._wghost: WorkloadGhost | None = None
+        self.shown = 0.0
+        self.shown_swing = 0
+        self.proven = False
         self._span = 1.0  # the score window, in looked-up blocks
         self._bank = 0.0  # blocks
         self._credit = 0.0  # blocks
@@ -169,7 +195,8 @@ class AdaptivePolicy(Guard, Policy):
 
     # -- placement ----------------------------------------------------------------------
     def _choose_bettor(self, req: RequestInfo) -> None:
-        """Sessions named (most of the recent requests): the workload bets; none named
+        """Sessions named (most of the recent requests): the workload bets once
+        ``proven`` on their ghost, LRU until then; none named
         (the engine inferred them from prefixes): the per-block reuse counts, while
         their ghost has hit more than the LRU ghost over the score window by more than
         ``counts_lead`` allowances, else LRU. The score goes on across a change (it is
@@ -178,7 +205,7 @@ class AdaptivePolicy(Guard, Policy):
         self.unnamed = x if self.unnamed is None else (
             self.unnamed * _UNNAMED_DECAY + x * (1.0 - _UNNAMED_DECAY))
         if self.unnamed <= 0.5:
-            self._bettor = self.bets
+            self._bettor = self.bets if self.proven else self.lru
         elif self.count_advantage > self.counts_lead * self.allowance():
             self._bettor = self.freq
         else:
@@ -186,7 +213,7 @@ class AdaptivePolicy(Guard, Policy):
 
     def on_request(self, req: RequestInfo, now: float) -> Plan:
         freq = self.freq.on_request(req, now)  # first: the counts' ghost reads its counts
-        self._score(req)
+        self._score(req, now)
         self._choose_bettor(req)
         bet = self.bets.on_request(req, now)
         lru = self.lru.on_request(req, now)
@@ -222,6 +249,8 @@ class AdaptivePolicy(Guard, Policy):
 
     def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:
         moves = self.bets.on_hint(hint, keys, now)  # it learns from every hint
+        if self._wghost is not None:  # (its ghost too: one tier, it moves nothing)
+            self._wghost.policy.on_hint(hint, (), now)
         return moves if self.leader == "bets" and self._bettor is self.bets else []
 
     # -- bookkeeping: both experts see everything ------------------------------------------

@@ -55,7 +55,21 @@ expert that cannot be shadowed.
 
 With more than one tier the ghost has the capacity of every tier worth loading from,
 and the real score is the prefix served from any of them (an approximation of LRU
-with demotion). Pure: no clock, no I/O.
+with demotion).
+
+The score reacts to what the bets lost, after it is lost. With one tier worth loading
+from, the bets are also played on their own ghost
+(:class:`~kvstore.policies.shadow.WorkloadGhost`) over named sessions' lookups while
+they are not ``proven``; its hits minus the LRU ghost's since the bets last lost the
+lead (``shown``, at least ``-bank``) must reach ``prove`` times the square root of
+the sum of its squared per-request differences (at least ``min_allowance``) before
+the bets place named sessions' blocks: a one-sided test of the bets' gain at
+``prove`` standard deviations. Until then, and from each lost lead until it holds
+again, LRU places them (the adaptive policy's bettor) and the trial's credit is
+counted from the moment the bets are proven. Once proven the ghost rests (the real
+score measures the bets) and picks the trace up again where it left it.
+
+Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -68,9 +82,11 @@ from typing import TYPE_CHECKING
 from kvstore.policies.base import RequestInfo
 from kvstore.policies.frequency import FrequencyGhost
 from kvstore.policies.lru import _at_the_end
+from kvstore.policies.shadow import WorkloadGhost
 
 if TYPE_CHECKING:
     from kvstore.policies.base import TierSpec
+    from kvstore.policies.cost import CostModel
     from kvstore.policies.frequency import FrequencyPolicy
 
 __all__ = ["Guard", "LRUGhost"]
@@ -162,6 +178,13 @@ class Guard:
         _ghost: LRUGhost | None
         _fghost: FrequencyGhost | None
         count_advantage: float
+        _wghost: WorkloadGhost | None
+        shown: float
+        shown_swing: int
+        proven: bool
+        prove: float
+        cost: CostModel
+        _bet_options: dict[str, float]
         _span: float
         _bank: float
         _credit: float
@@ -180,6 +203,10 @@ class Guard:
         self._size = max(block_bytes, 1)
         self._ghost = LRUGhost(cap)
         self._fghost = FrequencyGhost(cap)
+        if self.floor is None:  # one tier worth loading from: the bets prove themselves
+            self._wghost = WorkloadGhost(cap, self.cost, **self._bet_options)
+        else:  # (the floor keeps LRU's hits; the bets' worth is which tier: no ghost sees it)
+            self.proven = True
         blocks = max(1, cap // self._size)
         self._span = self.window * blocks
         self._bank = self.bank * blocks
@@ -219,7 +246,7 @@ class Guard:
             credit = min(credit, self.credit_per_allowance * allowance)
         return min(-allowance, start - credit)
 
-    def _score(self, req: RequestInfo) -> None:
+    def _score(self, req: RequestInfo, now: float) -> None:
         """Play the lookup on the ghost and add the paired difference (real prefix hits
         minus the ghost's) to the score, whoever leads; hand over to LRU once the score
         is below ``-allowance`` (or the trial's floor), and back to the bets for a trial
@@ -241,12 +268,25 @@ class Guard:
         self.looked = self.looked * d + n
         self.floor_lru = (self.floor is not None
                           and self.room_lost <= self.floor_share * self.looked)
+        if not self.proven and req.session_named and self._wghost is not None:
+            # (once proven, the real score measures the bets: their ghost rests, and
+            # takes up the trace again where it left it when they lose the lead)
+            s = self._wghost.request(req, req.block_bytes or self._size, now) - g
+            self.shown_swing += s * s
+            self.shown = max(-self._bank, self.shown + s)
+            if self.shown >= max(self.min_allowance, self.prove * math.sqrt(self.shown_swing)):
+                self.proven = True  # the bets place named sessions' blocks from now
+                if self.leader == "bets" and self._trial is not None:
+                    self._trial = (self.advantage, self._trial[1])  # the trial starts here
         diff = self._served(req) - g
         self.swing += diff * diff
         self.advantage = min(self.advantage + diff, self._bank)
         if self.leader == "bets":
             if self.advantage < self._floor():  # lost
                 self.leader = "lru"
+                self.proven = False  # the bets' ghost shows a gain again before they place
+                self.shown = min(self.shown, 0.0)
+                self.shown_swing = 0
                 self.switches += 1
                 self._left = self._backoff * self._span  # probation
                 self._backoff = min(self._backoff * 2, self.max_backoff)

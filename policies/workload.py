@@ -228,7 +228,7 @@ class WorkloadPolicy(Sessions, Claims, Keeps, Policy):
             room += sum(tr.sizes[k] for k in tr.blocks_of(other))
             if room >= need:
                 return need
-        return room
+        return max(room, 0)  # (a tier over its capacity gives nothing)
 
     # -- hints --------------------------------------------------------------------------
     def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:

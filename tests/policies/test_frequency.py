@@ -87,7 +87,8 @@ def test_the_guard_bets_on_counts_where_no_session_is_named_and_counting_wins() 
     (it refuses the one-off blocks). With every block reused right after its first use
     (recency is all there is) the ghost does not win and LRU places the blocks (the
     workload bets on inferred sessions are not used: they lost to LRU on most generated
-    sessionless kinds); named sessions always get the workload bets."""
+    sessionless kinds); named sessions get the workload bets once their ghost has shown
+    a gain (LRU until then), never the counts."""
     pol = AdaptivePolicy(FOUR)
     for r in range(20):
         for k in (1, 2, 3, 100 + 2 * r, 101 + 2 * r):
@@ -103,4 +104,7 @@ def test_the_guard_bets_on_counts_where_no_session_is_named_and_counting_wins() 
     named = AdaptivePolicy(FOUR)
     for i in range(64):
         named.on_request(req([100 + i], session=f"s{i}", named=True), float(i))
+    assert named._bettor is (named.bets if named.proven else named.lru)
+    named.proven = True  # (what proves them: tests/policies/test_adaptive.py)
+    named.on_request(req([999], session="s", named=True), 65.0)
     assert named._bettor is named.bets
