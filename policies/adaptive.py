@@ -41,8 +41,8 @@ played next to the LRU ghost; while most recent requests name no session and the
 counts' ghost has hit more than LRU's over the score window by more than
 ``counts_lead`` allowances (a tier that changes hands misses for a while what the
 other kept), the counts are the bets; otherwise LRU places the blocks (the workload
-bets on inferred sessions lost to LRU on most generated kinds, by up to 5 points,
-and cannot be shadowed to tell when they would not).
+bets on inferred sessions lost to LRU on most generated kinds, by up to 5 points;
+their ghost, below, plays named sessions only).
 
 The HBM keep (``Plan.keep_s``) always comes from *bets*: it uses the hints (what
 the session waits on, the tool and its learned gaps) and its own ledger of whether

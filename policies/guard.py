@@ -51,7 +51,7 @@ spend only what the trace allows, and the total loss stays within the allowance
 LeCaR/CACHEUS's online measurement with ghost lists, applied to the choice between
 a learned policy and its baseline: one exact ghost for the baseline (cheap, since
 LRU needs only keys and order) and the doubling trick of online learning for the
-expert that cannot be shadowed.
+expert, whose own ghost (below) decides only when a trial may start.
 
 With more than one tier the ghost has the capacity of every tier worth loading from,
 and the real score is the prefix served from any of them (an approximation of LRU
