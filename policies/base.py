@@ -78,7 +78,7 @@ if TYPE_CHECKING:
     from kvstore.policies.cost import CostModel
 
 __all__ = ["BlockInfo", "Hint", "Move", "Plan", "Policy", "PolicyConfig", "RequestInfo",
-           "TierSpec", "Wrapper"]
+           "TierSpec", "Wrapper", "ghost_victims"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,3 +335,19 @@ class Wrapper(Policy):
 
     def on_retain(self, keys: Sequence[Hashable], until: float, now: float) -> None:
         self.inner.on_retain(keys, until, now)
+
+
+def ghost_victims(order: Iterable[Hashable], own: Container[Hashable],
+                  sizes: Mapping[Hashable, int], need: int) -> list[Hashable]:
+    """The victims a keys-only ghost takes, in ``order``, to free ``need`` bytes: the
+    engine's eviction as the ghosts play it (the request's own blocks, ``own``,
+    passed over)."""
+    gone: list[Hashable] = []
+    for v in order:
+        if need <= 0:
+            break
+        if v in own:
+            continue
+        gone.append(v)
+        need -= sizes[v]
+    return gone

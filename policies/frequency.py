@@ -32,7 +32,15 @@ from collections.abc import Callable, Container, Hashable, Iterator, Sequence
 from itertools import islice, repeat
 from typing import Any, NamedTuple, Self
 
-from kvstore.policies.base import BlockInfo, Plan, Policy, PolicyConfig, RequestInfo, TierSpec
+from kvstore.policies.base import (
+    BlockInfo,
+    Plan,
+    Policy,
+    PolicyConfig,
+    RequestInfo,
+    TierSpec,
+    ghost_victims,
+)
 from kvstore.policies.cost import CostModel
 
 __all__ = ["Counted", "FrequencyGhost", "FrequencyPolicy", "ReuseCounts"]
@@ -428,16 +436,7 @@ class FrequencyGhost:
             return hits
         need = len(new) * size - (tr.capacity - tr.used)
         if need > 0:
-            own = set(keys)
-            gone = []
-            for v in tr.order():
-                if need <= 0:
-                    break
-                if v in own:
-                    continue
-                gone.append(v)
-                need -= tr.sizes[v]
-            for v in gone:
+            for v in ghost_victims(tr.order(), set(keys), tr.sizes, need):
                 tr.drop(v)
         added = [keys[j] for j in new]
         if (size > 0 and len(dict.fromkeys(added)) == len(added)

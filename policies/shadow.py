@@ -24,7 +24,7 @@ from itertools import compress, repeat
 from operator import eq, not_, or_
 from typing import Any
 
-from kvstore.policies.base import RequestInfo, TierSpec
+from kvstore.policies.base import RequestInfo, TierSpec, ghost_victims
 from kvstore.policies.cost import CostModel
 from kvstore.policies.workload import WorkloadPolicy
 
@@ -61,7 +61,8 @@ class WorkloadGhost:
         self.hits += hits
         tiers: list[str | None] = ([name] * n if hits == n else
                                    list(map(_TIER.__getitem__, held)))
-        plan = pol.on_request(replace(req, hit_tiers=tiers, worth=(), block_bytes=size), now)
+        req = replace(req, hit_tiers=tiers, worth=(), block_bytes=size)
+        plan = pol.on_request(req, now)
         if hits:
             pol.on_access_many(keys[hits - 1::-1], tiers[hits - 1::-1], now)
         if hits == n or not plan.admit:
@@ -77,17 +78,9 @@ class WorkloadGhost:
         need = len(new) * size - (tr.capacity - tr.used)
         if need > 0:
             own = set(keys)
-            gone = []
-            for v in pol.victims(name, own, now):
-                if need <= 0:
-                    break
-                if v in own:
-                    continue
-                gone.append(v)
-                need -= tr.sizes[v]
-            for v in gone:
+            for v in ghost_victims(pol.victims(name, own, now), own, tr.sizes, need):
                 pol.on_remove(v, name)
-        fit = max(0, (tr.capacity - tr.used) // size) if size > 0 else len(new)
+        fit = max(0, (tr.capacity - tr.used) // size)  # (size >= 1: the guard's)
         if fit:
-            pol.on_insert_many([replace(req.info(j), size=size) for j in new[:fit]], name, now)
+            pol.on_insert_many(list(map(req.info, new[:fit])), name, now)
         return hits
