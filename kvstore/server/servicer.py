@@ -11,13 +11,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 import grpc
 
-from kvstore import __version__
 from kvstore._host import host_id
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
@@ -33,7 +31,6 @@ from kvstore.errors import (
 )
 from kvstore.policies import Hint
 from kvstore.profile.live import LiveProfile
-from kvstore.security.grants import Tenant
 from kvstore.security.server import current_tenant, tenant_owner
 from kvstore.security.server import tenant_request_id as _rid
 from kvstore.server.convert import (
@@ -45,6 +42,7 @@ from kvstore.server.convert import (
     slot_from_pb,
 )
 from kvstore.server.looplag import LoopLag
+from kvstore.server.stats_service import stats_response
 from kvstore.tiers.base import Slot
 from kvstore.types import BlockMeta
 
@@ -318,92 +316,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         n = self.engine.retain(request.namespace, list(request.block_hashes), request.ttl_s)
         return pb.RetainResponse(protected=n)
 
-    def _retention_stats(self, tenant: Tenant | None) -> list[pb.RetentionStats]:
-        """Retained bytes per (tenant, tier): all for an admin (or without auth); for a
-        tenant, those of its own namespaces or quota prefixes."""
-        eng = self.engine
-        return [pb.RetentionStats(tenant=u.tenant, tier=u.tier, retained_bytes=u.retained_bytes,
-                                  limit_bytes=u.limit_bytes)
-                for u in eng.retention.usage(eng.index, eng.clock())
-                if tenant is None or "admin" in tenant.rights or tenant.covers(u.tenant)
-                or tenant.covers_prefix(u.tenant)]
-
-    def _tenant_stats(self, tenant: Tenant) -> pb.StatsResponse:
-        """What the tenant's namespaces hold, and nothing of the server's own counters
-        (lookups, bytes, events, sessions): those count other tenants too."""
-        eng = self.engine
-        blocks: Counter[str] = Counter()
-        used: Counter[str] = Counter()
-        total = 0
-        spaces = [ns for ns in eng.index.namespaces() if tenant.covers(ns)]
-        for ns in spaces:
-            for entry in eng.index.blocks_of(ns).values():
-                total += 1
-                for tier in entry.tiers:
-                    blocks[tier] += 1
-                    used[tier] += entry.meta.size
-        tiers = [pb.TierStats(name=name, medium=MEDIUM_TO_PB[t.medium],
-                              capacity_bytes=t.capacity_bytes, used_bytes=used[name],
-                              blocks=blocks[name])
-                 for name, t in eng.tiers.items()]
-        return pb.StatsResponse(tiers=tiers, blocks=total, namespaces=len(spaces),
-                                version=__version__, policy=eng.policy.name,
-                                quotas=self._quota_stats(tenant),
-                                retention=self._retention_stats(tenant))
-
-    def _quota_stats(self, tenant: Tenant | None) -> list[pb.QuotaStats]:
-        """Quota usage: every quota for an admin (or without auth); for a tenant, the
-        quotas on prefixes all of whose namespaces are its own."""
-        return [pb.QuotaStats(namespace_prefix=u.prefix, tier=u.tier, limit_bytes=u.limit_bytes,
-                              used_bytes=u.used_bytes, evictions=u.evictions, refused=u.refused)
-                for u in self.engine.quotas.usage()
-                if tenant is None or "admin" in tenant.rights or tenant.covers_prefix(u.prefix)]
-
     @_unary
     async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
-        tenant = current_tenant.get()
-        if tenant is not None and "admin" not in tenant.rights:
-            return self._tenant_stats(tenant)
-        eng = self.engine
-        st = eng.stats
-        tiers = [
-            pb.TierStats(
-                name=name, medium=MEDIUM_TO_PB[t.medium], capacity_bytes=t.capacity_bytes,
-                used_bytes=t.used_bytes,
-                blocks=eng.index.tier_blocks[name],
-                hits=st.tier_hits[name], evictions=st.evictions[name],
-            )
-            for name, t in eng.tiers.items()
-        ]
-        return pb.StatsResponse(
-            tiers=tiers, blocks=len(eng.index), namespaces=len(eng.index.namespaces()),
-            lookups=st.lookups, lookup_hit_blocks=st.lookup_hit_blocks,
-            lookup_miss_blocks=st.lookup_miss_blocks, puts=st.puts, gets=st.gets,
-            bytes_in=st.bytes_in, bytes_out=st.bytes_out, pending_moves=eng.mover.pending,
-            version=__version__, sessions=len(eng.sessions),
-            events_published=getattr(self.events, "published", 0) if self.events else 0,
-            transfers_failed=eng.mover.failed, transfers_dropped=eng.mover.dropped,
-            events_dropped=getattr(self.events, "dropped", 0) if self.events else 0,
-            corrupt_reads=st.corrupt_reads, orphans_dropped=st.orphans_dropped,
-            demotions_failed=st.demotions_failed, startup_skipped=eng.startup_skipped(),
-            quarantined_slots=eng.leases.quarantined, policy=eng.policy.name,
-            quotas=self._quota_stats(tenant), retention=self._retention_stats(tenant),
-            retained_granted=eng.retention.granted, retained_refused=eng.retention.refused,
-            retained_returned=eng.retention.returned, retained_evicted=eng.retention.evicted,
-            loop_lag=self._loop_lag(request.loop_lag_window_s),
-        )
-
-    def _loop_lag(self, window_s: float) -> pb.LoopLag | None:
-        if self.loop_lag is None:
-            return None
-        if not 0 < window_s < 1e6:
-            window_s = 10.0
-        lag = self.loop_lag.summary(window_s)
-        busy = self.loop_lag.busy_summary(window_s)
-        return pb.LoopLag(samples=lag.samples, p50_ms=lag.p50_ms, p99_ms=lag.p99_ms,
-                          max_ms=lag.max_ms, busy_samples=busy.samples,
-                          busy_p50_ms=busy.p50_ms, busy_p99_ms=busy.p99_ms,
-                          busy_max_ms=busy.max_ms)
+        return stats_response(self.engine, current_tenant.get(), self.events, self.loop_lag,
+                              request.loop_lag_window_s)
 
     @_unary
     async def Profile(self, request: pb.ProfileRequest, context: Any) -> pb.ProfileResponse:
