@@ -67,26 +67,6 @@ class Claims:
             pool = self._pools[workload] = Pool(workload)
         return pool
 
-    def _use(self, key: Hashable, name: Hashable, workload: str, now: float) -> bool:
-        """Record that ``name`` used ``key``; True if the key is shared (two sessions used
-        it). A shared key's reuse gaps are learned as the workload's "shared" wait."""
-        prev = self._uses.get(key)
-        if prev is None:
-            prev = self._old_uses.get(key)
-        shared = prev is not None and prev[0] != name
-        if shared:
-            cls = (workload, "shared", "", 0, 0)
-            if prev is not None and prev[0] is None:
-                self.returns.returned(cls, now - prev[1])
-            self.returns.start(cls)
-            self._uses[key] = (None, now)
-        else:
-            self._uses[key] = (name, now)
-        if len(self._uses) > self.max_sessions * 10:
-            self._old_uses, self._uses = self._uses, {}
-        return shared
-
-
     # -- the lookup's claims, in C-level passes ------------------------------------------
     def _claim_run(self, keys: Sequence[Hashable], hit: Sequence[str | None],
                    name: Hashable, mine: tuple[Hashable, float],

@@ -151,7 +151,7 @@ class WorkloadPolicy(Sessions, Claims, Keeps, Policy):
                   if then in ("tool", "user", "end") else None)
         keys, hit = req.keys, req.hit_tiers
         pool = self._pool(req.workload)
-        # _use inlined for the common case (the key's last user was this session, or
+        # Each key's use, recorded inline for the common case (its last user was this session, or
         # none): a lookup walks every block of a long prefix here.
         trs, wl, limit = self._t, req.workload, self.max_sessions * 10
         uses, old_uses = self._uses, self._old_uses
