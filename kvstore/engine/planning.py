@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import replace
+from itertools import repeat
 
 from kvstore.engine.geometry import Geometry
 from kvstore.engine.placement import Placement
@@ -79,15 +80,8 @@ class Planner:
         """The tier each new block may enter (None: refused), from its request's plan;
         blocks no plan covers (stored without a lookup) get a request of their own."""
         requests = self.requests
-        out: list[str | None] = []
-        unplanned: list[int] = []
-        for i, h in enumerate(hashes):
-            t = requests.admission(BlockKey(namespace, h), now)
-            if t is UNPLANNED:
-                unplanned.append(i)
-                out.append(None)
-            else:
-                out.append(t)
+        out = requests.admissions(list(map(BlockKey, repeat(namespace), hashes)), now)
+        unplanned = [i for i, t in enumerate(out) if t is UNPLANNED]
         if unplanned:
             opened = requests.get(namespace, request_id)
             session = (opened.session if opened is not None else
