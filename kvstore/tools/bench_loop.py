@@ -5,7 +5,10 @@ What a call costs the server's event loop, timed as the loop thread's CPU time
 move it little: the Lookup of 1,000 stored hashes (request parsed and response
 serialised as gRPC would; without a session, as ``kvstore bench`` sends it, and with
 one), and Reserve, Commit (the payloads written into the slots and their checksums sent,
-as a client does) and Acquire per block of a batch. Everything but the transport is the
+as a client does) and Acquire per block of a batch, each batch stored the two ways clients
+store: after a Lookup of the same ``request_id`` (the vLLM connector's path: the Reserve
+reuses the lookup's plan) and without one (the LMCache plugin's: the Reserve asks the
+policy for a plan of its own). Everything but the transport is the
 served path: the server is :class:`~kvstore.server.app.KVStoreServer` on the embedded defaults
 ``kvstore serve`` starts with (DRAM and disk; ``--dram-only``: the server ``kvstore
 bench`` starts), on the loop ``kvstore serve`` runs (:func:`~kvstore.server.app.run_served`),
@@ -54,6 +57,10 @@ class _Context:
 
     async def abort(self, code: Any, details: str) -> None:
         raise RuntimeError(f"{code}: {details}")
+
+
+#: the calls timed per block: after the request's Lookup, and a store without one
+_OPS = ("reserve", "commit", "acquire", "reserve_alone", "commit_alone")
 
 
 def _cpu_us(samples: list[float], per: int) -> dict[str, float]:
@@ -173,57 +180,65 @@ async def _run(lookups: int, block: int, blocks: int, batches: int, dram_only: b
         sums = [xxhash.xxh3_64_intdigest(b.payload) for b in batch]
         headers = [pb.BlockHeader(block_hash=b.block_hash, parent_hash=b.parent_hash or b"",
                                   token_ids=b.token_ids) for b in batch]
-        cpu: dict[str, list[float]] = {"reserve": [], "commit": [], "acquire": []}
+        #: per call of each path ("" after the request's Lookup: the vLLM connector's;
+        #: "alone": a store no Lookup announced, the LMCache plugin's), its thread CPU
+        cpu: dict[str, list[float]] = {op: [] for op in _OPS}
         #: per call, the longest the loop was held between two turns of another task
-        held: dict[str, list[float]] = {"reserve": [], "commit": [], "acquire": []}
+        held: dict[str, list[float]] = {op: [] for op in _OPS}
         holds = _Holds()
         for rep in range(batches + 2):
-            ns = f"bench-loop-{rep}"
-            req = pb.ReserveRequest(namespace=ns, block_hashes=[b.block_hash for b in batch],
-                                    sizes=[block] * blocks).SerializeToString()
-            async with holds:
-                t = time.thread_time()
-                resv = await sv.Reserve(pb.ReserveRequest.FromString(req), ctx)
-                wire_resv = resv.SerializeToString()
-                t_reserve = time.thread_time() - t
-            h_reserve = holds.longest
-            resv = pb.ReserveResponse.FromString(wire_resv)
-            slots = []
-            for s, c, b in zip(resv.slots, sums, batch, strict=True):
-                segments.region(s)[:] = b.payload  # (the writer's copy, not timed)
-                d = pb.SlotDescriptor()
-                d.CopyFrom(s)
-                d.checksum = c
-                slots.append(d)
-            commit = pb.CommitRequest(namespace=ns, slots=slots,
-                                      headers=headers).SerializeToString()
-            async with holds:
-                t = time.thread_time()
-                stored = (await sv.Commit(pb.CommitRequest.FromString(commit), ctx)).stored
-                t_commit = time.thread_time() - t
-            h_commit = holds.longest
-            if stored != blocks:
-                raise RuntimeError(f"commit stored {stored} of {blocks}")
-            acq = pb.AcquireRequest(namespace=ns, block_hashes=[b.block_hash for b in batch]
-                                    ).SerializeToString()
-            async with holds:
-                t = time.thread_time()
-                lease = await sv.Acquire(pb.AcquireRequest.FromString(acq), ctx)
-                lease.SerializeToString()
-                t_acquire = time.thread_time() - t
-            h_acquire = holds.longest
-            await sv.Release(pb.ReleaseRequest(lease_id=lease.lease_id), ctx)
-            # (written back before the delete: a slot committed with the wrong bytes
-            # fails its write-back's checksum, and ``transfers_failed`` says so)
-            await _written_back(eng, ns, [b.block_hash for b in batch])
-            await eng.delete(ns, [b.block_hash for b in batch])
-            if rep >= 2:
-                cpu["reserve"].append(t_reserve)
-                cpu["commit"].append(t_commit)
-                cpu["acquire"].append(t_acquire)
-                held["reserve"].append(h_reserve)
-                held["commit"].append(h_commit)
-                held["acquire"].append(h_acquire)
+            for path in ("", "alone"):
+                ns = f"bench-loop-{rep}{'-' + path if path else ''}"
+                rid = "" if path else f"bench-request-{rep}"
+                hashes = [b.block_hash for b in batch]
+                if rid:  # the connector looks the request up first: its plan is reused
+                    await sv.Lookup(pb.LookupRequest(namespace=ns, block_hashes=hashes,
+                                                     request_id=rid), ctx)
+                req = pb.ReserveRequest(namespace=ns, block_hashes=hashes, request_id=rid,
+                                        sizes=[block] * blocks).SerializeToString()
+                async with holds:
+                    t = time.thread_time()
+                    resv = await sv.Reserve(pb.ReserveRequest.FromString(req), ctx)
+                    wire_resv = resv.SerializeToString()
+                    t_reserve = time.thread_time() - t
+                h_reserve = holds.longest
+                resv = pb.ReserveResponse.FromString(wire_resv)
+                slots = []
+                for s, c, b in zip(resv.slots, sums, batch, strict=True):
+                    segments.region(s)[:] = b.payload  # (the writer's copy, not timed)
+                    d = pb.SlotDescriptor()
+                    d.CopyFrom(s)
+                    d.checksum = c
+                    slots.append(d)
+                commit = pb.CommitRequest(namespace=ns, slots=slots, headers=headers,
+                                          request_id=rid).SerializeToString()
+                async with holds:
+                    t = time.thread_time()
+                    stored = (await sv.Commit(pb.CommitRequest.FromString(commit), ctx)).stored
+                    t_commit = time.thread_time() - t
+                h_commit = holds.longest
+                if stored != blocks:
+                    raise RuntimeError(f"commit stored {stored} of {blocks}")
+                times = {"reserve": (t_reserve, h_reserve), "commit": (t_commit, h_commit)}
+                if not path:
+                    acq = pb.AcquireRequest(namespace=ns, block_hashes=hashes
+                                            ).SerializeToString()
+                    async with holds:
+                        t = time.thread_time()
+                        lease = await sv.Acquire(pb.AcquireRequest.FromString(acq), ctx)
+                        lease.SerializeToString()
+                        t_acquire = time.thread_time() - t
+                    times["acquire"] = (t_acquire, holds.longest)
+                    await sv.Release(pb.ReleaseRequest(lease_id=lease.lease_id), ctx)
+                # (written back before the delete: a slot committed with the wrong bytes
+                # fails its write-back's checksum, and ``transfers_failed`` says so)
+                await _written_back(eng, ns, hashes)
+                await eng.delete(ns, hashes)
+                if rep >= 2:
+                    for op, (c, h) in times.items():
+                        key = f"{op}_{path}" if path else op
+                        cpu[key].append(c)
+                        held[key].append(h)
         return {
             "load_average": round(os.getloadavg()[0], 2), "policy": eng.policy.name,
             "tiers": list(eng.tiers), "transfers_failed": eng.mover.failed,
@@ -265,13 +280,15 @@ def main(argv: list[str] | None = None) -> int:
         lk = r[key]
         print(f"  Lookup of 1,000 stored hashes, {what}: p50 {lk['p50_ms']:.3f} ms, "
               f"min {lk['min_ms']:.3f} ms")
-    print(f"  per {pb_['block'] >> 10} KiB block, batches of {pb_['blocks']}: " + ", ".join(
-        f"{op} p50 {pb_[op]['p50_us']:.1f} us (min {pb_[op]['min_us']:.1f})"
-        for op in ("reserve", "commit", "acquire")))
     hold = r["longest_hold_ms"]
-    print(f"  longest the loop was held by one call of {pb_['blocks']} blocks: " + ", ".join(
-        f"{op} p50 {hold[op]['p50']:.3f} ms (max {hold[op]['max']:.3f})"
-        for op in ("reserve", "commit", "acquire") if op in hold))
+    for ops, what in ((("reserve", "commit", "acquire"), "after the request's Lookup"),
+                      (("reserve_alone", "commit_alone"), "a store without a Lookup")):
+        print(f"  per {pb_['block'] >> 10} KiB block, batches of {pb_['blocks']}, {what}: "
+              + ", ".join(f"{op.split('_')[0]} p50 {pb_[op]['p50_us']:.1f} us "
+                          f"(min {pb_[op]['min_us']:.1f})" for op in ops))
+        print(f"    longest the loop was held by one call of {pb_['blocks']} blocks: "
+              + ", ".join(f"{op.split('_')[0]} p50 {hold[op]['p50']:.3f} ms "
+                          f"(max {hold[op]['max']:.3f})" for op in ops if op in hold))
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=2))
     return 0
