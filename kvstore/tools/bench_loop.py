@@ -235,10 +235,10 @@ async def _run(lookups: int, block: int, blocks: int, batches: int, dram_only: b
                 await _written_back(eng, ns, hashes)
                 await eng.delete(ns, hashes)
                 if rep >= 2:
-                    for op, (c, h) in times.items():
+                    for op, (cpu_s, hold_s) in times.items():
                         key = f"{op}_{path}" if path else op
-                        cpu[key].append(c)
-                        held[key].append(h)
+                        cpu[key].append(cpu_s)
+                        held[key].append(hold_s)
         return {
             "load_average": round(os.getloadavg()[0], 2), "policy": eng.policy.name,
             "tiers": list(eng.tiers), "transfers_failed": eng.mover.failed,
