@@ -82,10 +82,10 @@ from kvstore.policies.base import (
     TierSpec,
 )
 from kvstore.policies.cost import CostModel
-from kvstore.policies.frequency import FrequencyGhost, FrequencyPolicy
+from kvstore.policies.frequency import FrequencyPolicy
 from kvstore.policies.guard import Guard, LRUGhost
 from kvstore.policies.lru import LRUPolicy
-from kvstore.policies.shadow import WorkloadGhost
+from kvstore.policies.shadow import FrequencyGhost, WorkloadGhost
 from kvstore.policies.workload import WorkloadPolicy
 
 __all__ = ["AdaptivePolicy", "LRUGhost"]

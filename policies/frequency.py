@@ -39,11 +39,10 @@ from kvstore.policies.base import (
     PolicyConfig,
     RequestInfo,
     TierSpec,
-    ghost_victims,
 )
 from kvstore.policies.cost import CostModel
 
-__all__ = ["Counted", "FrequencyGhost", "FrequencyPolicy", "ReuseCounts"]
+__all__ = ["Counted", "FrequencyPolicy", "ReuseCounts"]
 
 
 class ReuseCounts:
@@ -391,63 +390,3 @@ class FrequencyPolicy(Policy):
     def victims(self, tier: str, protected: Container[Hashable], now: float
                 ) -> Iterator[Hashable]:
         return self._t[tier].order()
-
-
-class FrequencyGhost:
-    """What :class:`FrequencyPolicy` would hold in one tier of ``capacity`` bytes, keys
-    only (no payloads): the engine's part played here (a request's prefix hits up to its
-    first miss, the hits touched, the admitted blocks stored after the policy's victims
-    make room), so that its hits can be compared with an LRU ghost's on the same lookups
-    before the policy is trusted with the real tiers."""
-
-    __slots__ = ("policy", "tier")
-
-    def __init__(self, capacity: int, reset: float = 20.0) -> None:
-        self.tier = "ghost"
-        self.policy = FrequencyPolicy([TierSpec(self.tier, capacity)], reset=reset)
-
-    def request(self, req: RequestInfo, size: int, counted: Counted | None = None) -> int:
-        """Play one lookup; returns its prefix hits. ``counted``: the lookup as the real
-        policy counted it (its :attr:`FrequencyPolicy.counted`, just after its
-        ``on_request``): the ghost reads those counts instead of counting again. Its
-        counts are then the real policy's, lookups it does not play included."""
-        pol, name = self.policy, self.tier
-        tr = pol._t[name]
-        keys = req.keys
-        at = tr.at
-        tiers: list[str | None] = ([name] * len(keys) if all(map(at.__contains__, keys))
-                                   else [name if k in at else None for k in keys])
-        hits = tiers.index(None) if None in tiers else len(tiers)
-        filed = pol._halvings
-        info = RequestInfo(keys, tiers, req.session_id, req.workload, size, req.block_tokens,
-                           req.last_tokens)
-        plan = pol.on_request(info, 0.0) if counted is None else pol.on_counted(info, counted)
-        if pol.counts is None or pol._halvings != filed:
-            # Every count halved: on_request refiled the whole tier, and the hits are
-            # touched again (without halving it refiled just the hits, in this order,
-            # under the same counts: what touching them would do again).
-            held = ([k for k, t in zip(keys, tiers, strict=True) if t is not None]
-                    if hits < len(tiers) else keys)
-            pol.on_access_many(held, [name] * len(held), 0.0)
-        if not plan.admit:
-            return hits
-        new = [j for j in range(len(keys) - 1, -1, -1) if keys[j] in plan.admit]
-        if not new:
-            return hits
-        need = len(new) * size - (tr.capacity - tr.used)
-        if need > 0:
-            for v in ghost_victims(tr.order(), set(keys), tr.sizes, need):
-                tr.drop(v)
-        added = [keys[j] for j in new]
-        if (size > 0 and len(dict.fromkeys(added)) == len(added)
-                and not any(map(tr.at.__contains__, added))):
-            # Distinct newcomers (a chain's): each takes ``size``, so the first ones that
-            # fit go in one call (the same inserts as the loop below, without a call each).
-            fit = max(0, (tr.capacity - tr.used) // size)
-            pol.on_insert_many([BlockInfo(k, size) for k in added[:fit]], name, 0.0)
-            return hits
-        for j in new:
-            if tr.used + size > tr.capacity:
-                break
-            pol.on_insert(BlockInfo(keys[j], size), name, 0.0)
-        return hits

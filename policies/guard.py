@@ -80,9 +80,8 @@ from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from kvstore.policies.base import RequestInfo
-from kvstore.policies.frequency import FrequencyGhost
 from kvstore.policies.lru import _at_the_end
-from kvstore.policies.shadow import WorkloadGhost
+from kvstore.policies.shadow import FrequencyGhost, WorkloadGhost
 
 if TYPE_CHECKING:
     from kvstore.policies.base import TierSpec

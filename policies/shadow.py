@@ -1,18 +1,22 @@
-"""What the workload bets would hold, keys only: the guard's evidence before a trial.
+"""What the bets would hold, keys only: the guard's evidence before they place blocks.
+
+:class:`FrequencyGhost` plays the reuse counts (the bets on traffic that names no
+session) over one tier, keys only: a request's prefix hits up to its first miss, the
+hits touched, the admitted blocks stored after the policy's victims make room.
 
 :class:`WorkloadGhost` plays a second :class:`~kvstore.policies.workload.WorkloadPolicy`
 over one tier of the capacity the guard's LRU ghost has (every tier worth loading
-from), with the engine's part played here as :class:`~kvstore.policies.frequency.FrequencyGhost`
-plays it for the reuse counts: a request's prefix hits up to its first miss, the
+from), with the engine's part played here as :class:`FrequencyGhost` plays it for
+the reuse counts: a request's prefix hits up to its first miss, the
 policy's plan, the hits touched (tail first, as the engine does), and the run of
 blocks the lookup would have said to store, placed where the policy admits them
 after its victims make room. No payloads, no time: a move is instant.
 
-Its hits minus the LRU ghost's on the same lookups are what the bets would have won
-or lost had they held the tiers the whole time: while LRU leads, this is what tells
-the guard the bets are worth a trial (:mod:`~kvstore.policies.guard`). It is an
-estimate beside an estimate: neither ghost plays the engine's eviction of a
-victim's children or its retention shield, so both are off the same way.
+Their hits minus the LRU ghost's on the same lookups are what the bets would have won
+or lost had they held the tiers the whole time: this is what tells the guard the bets
+may place blocks (:mod:`~kvstore.policies.guard`). Each is an estimate beside an
+estimate: no ghost plays the engine's eviction of a victim's children or its
+retention shield, so they are off the same way.
 
 Pure: no clock, no I/O.
 """
@@ -24,11 +28,12 @@ from itertools import compress, repeat
 from operator import eq, not_, or_
 from typing import Any
 
-from kvstore.policies.base import RequestInfo, TierSpec, ghost_victims
+from kvstore.policies.base import BlockInfo, RequestInfo, TierSpec, ghost_victims
 from kvstore.policies.cost import CostModel
+from kvstore.policies.frequency import Counted, FrequencyPolicy
 from kvstore.policies.workload import WorkloadPolicy
 
-__all__ = ["WorkloadGhost"]
+__all__ = ["FrequencyGhost", "WorkloadGhost"]
 
 #: the ghost's one tier
 _NAME = "ghost"
@@ -83,4 +88,64 @@ class WorkloadGhost:
         fit = max(0, (tr.capacity - tr.used) // size)  # (size >= 1: the guard's)
         if fit:
             pol.on_insert_many(list(map(req.info, new[:fit])), name, now)
+        return hits
+
+
+class FrequencyGhost:
+    """What :class:`FrequencyPolicy` would hold in one tier of ``capacity`` bytes, keys
+    only (no payloads): the engine's part played here (a request's prefix hits up to its
+    first miss, the hits touched, the admitted blocks stored after the policy's victims
+    make room), so that its hits can be compared with an LRU ghost's on the same lookups
+    before the policy is trusted with the real tiers."""
+
+    __slots__ = ("policy", "tier")
+
+    def __init__(self, capacity: int, reset: float = 20.0) -> None:
+        self.tier = "ghost"
+        self.policy = FrequencyPolicy([TierSpec(self.tier, capacity)], reset=reset)
+
+    def request(self, req: RequestInfo, size: int, counted: Counted | None = None) -> int:
+        """Play one lookup; returns its prefix hits. ``counted``: the lookup as the real
+        policy counted it (its :attr:`FrequencyPolicy.counted`, just after its
+        ``on_request``): the ghost reads those counts instead of counting again. Its
+        counts are then the real policy's, lookups it does not play included."""
+        pol, name = self.policy, self.tier
+        tr = pol._t[name]
+        keys = req.keys
+        at = tr.at
+        tiers: list[str | None] = ([name] * len(keys) if all(map(at.__contains__, keys))
+                                   else [name if k in at else None for k in keys])
+        hits = tiers.index(None) if None in tiers else len(tiers)
+        filed = pol._halvings
+        info = RequestInfo(keys, tiers, req.session_id, req.workload, size, req.block_tokens,
+                           req.last_tokens)
+        plan = pol.on_request(info, 0.0) if counted is None else pol.on_counted(info, counted)
+        if pol.counts is None or pol._halvings != filed:
+            # Every count halved: on_request refiled the whole tier, and the hits are
+            # touched again (without halving it refiled just the hits, in this order,
+            # under the same counts: what touching them would do again).
+            held = ([k for k, t in zip(keys, tiers, strict=True) if t is not None]
+                    if hits < len(tiers) else keys)
+            pol.on_access_many(held, [name] * len(held), 0.0)
+        if not plan.admit:
+            return hits
+        new = [j for j in range(len(keys) - 1, -1, -1) if keys[j] in plan.admit]
+        if not new:
+            return hits
+        need = len(new) * size - (tr.capacity - tr.used)
+        if need > 0:
+            for v in ghost_victims(tr.order(), set(keys), tr.sizes, need):
+                tr.drop(v)
+        added = [keys[j] for j in new]
+        if (size > 0 and len(dict.fromkeys(added)) == len(added)
+                and not any(map(tr.at.__contains__, added))):
+            # Distinct newcomers (a chain's): each takes ``size``, so the first ones that
+            # fit go in one call (the same inserts as the loop below, without a call each).
+            fit = max(0, (tr.capacity - tr.used) // size)
+            pol.on_insert_many([BlockInfo(k, size) for k in added[:fit]], name, 0.0)
+            return hits
+        for j in new:
+            if tr.used + size > tr.capacity:
+                break
+            pol.on_insert(BlockInfo(keys[j], size), name, 0.0)
         return hits

@@ -14,9 +14,10 @@ from kvstore.policies import frequency as freq_mod
 from kvstore.policies._owners import TierOwners
 from kvstore.policies.adaptive import AdaptivePolicy, LRUGhost
 from kvstore.policies.base import BlockInfo, Plan, RequestInfo, TierSpec
-from kvstore.policies.frequency import Counted, FrequencyGhost, FrequencyPolicy, ReuseCounts
+from kvstore.policies.frequency import Counted, FrequencyPolicy, ReuseCounts
 from kvstore.policies.lru import LRUPolicy
 from kvstore.policies.returns import ReturnTimes
+from kvstore.policies.shadow import FrequencyGhost
 from kvstore.policies.workload import WorkloadPolicy
 
 TIERS = [TierSpec("dram", 24, 20e9), TierSpec("disk", 60, 3e9)]
