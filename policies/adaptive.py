@@ -85,7 +85,7 @@ from kvstore.policies.cost import CostModel
 from kvstore.policies.frequency import FrequencyPolicy
 from kvstore.policies.guard import Guard, LRUGhost
 from kvstore.policies.lru import LRUPolicy
-from kvstore.policies.shadow import FrequencyGhost, WorkloadGhost
+from kvstore.policies.shadow import FrequencyGhost, Retained, WorkloadGhost
 from kvstore.policies.workload import WorkloadPolicy
 
 __all__ = ["AdaptivePolicy", "LRUGhost"]
@@ -156,6 +156,7 @@ class AdaptivePolicy(Guard, Policy):
         self.looked = 0.0
         self.floor_lru = self.floor is not None
         self._ghost: LRUGhost | None = None
+        self._retained = Retained()
         #: the reuse counts' own ghost, played on requests that name no session, and
         #: its decayed hits minus the LRU ghost's: the counts bet only while it is > 0
         self._fghost: FrequencyGhost | None = None
@@ -277,6 +278,12 @@ class AdaptivePolicy(Guard, Policy):
         self.bets.on_access_many(keys, tiers, now)
         self.freq.on_access_many(keys, tiers, now)
         self.lru.on_access_many(keys, tiers, now)
+
+    def on_retain(self, keys: Sequence[Hashable], until: float, now: float) -> None:
+        self._retained.add(keys, until, now)
+        self.bets.on_retain(keys, until, now)
+        self.freq.on_retain(keys, until, now)
+        self.lru.on_retain(keys, until, now)
 
     def on_remove(self, key: Hashable, tier: str) -> None:
         self.bets.on_remove(key, tier)

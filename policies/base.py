@@ -338,16 +338,41 @@ class Wrapper(Policy):
 
 
 def ghost_victims(order: Iterable[Hashable], own: Container[Hashable],
-                  sizes: Mapping[Hashable, int], need: int) -> list[Hashable]:
+                  sizes: Mapping[Hashable, int], need: int,
+                  shield: Mapping[Hashable, float] | None = None) -> list[Hashable]:
     """The victims a keys-only ghost takes, in ``order``, to free ``need`` bytes: the
     engine's eviction as the ghosts play it (the request's own blocks, ``own``,
-    passed over)."""
+    passed over). ``shield``: the retained keys the engine's retention shield would
+    keep (key -> deadline, in the order they were retained; see
+    :class:`~kvstore.policies.shadow.Retained`): passed over too, and taken only when
+    nothing else frees ``need``, the oldest deadline first (the latest retained first at
+    one deadline), as the engine takes them."""
     gone: list[Hashable] = []
+    if not shield:
+        for v in order:
+            if need <= 0:
+                break
+            if v in own:
+                continue
+            gone.append(v)
+            need -= sizes[v]
+        return gone
     for v in order:
         if need <= 0:
-            break
-        if v in own:
+            return gone
+        if v in own or v in shield:
             continue
         gone.append(v)
         need -= sizes[v]
+    if need > 0:
+        last = list(shield)
+        last.reverse()
+        last.sort(key=shield.__getitem__)  # (stable: the latest retained first at a tie)
+        for v in last:
+            if need <= 0:
+                break
+            if v in own:
+                continue
+            gone.append(v)
+            need -= sizes[v]
     return gone

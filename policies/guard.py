@@ -55,7 +55,11 @@ expert, whose own ghost (below) decides only when a trial may start.
 
 With more than one tier the ghost has the capacity of every tier worth loading from,
 and the real score is the prefix served from any of them (an approximation of LRU
-with demotion).
+with demotion). Every ghost plays the engine's retention shield from what clients
+retained (:class:`~kvstore.policies.shadow.Retained`, filled by the adaptive policy's
+``on_retain``): before, the LRU ghost hit 9-15% fewer blocks than LRU on traces whose
+clients retain their shared prefixes, and the score took LRU's losses for the bets'
+gains.
 
 The score reacts to what the bets lost, after it is lost. With one tier worth loading
 from, the bets are also played on their own ghost
@@ -79,9 +83,9 @@ from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
-from kvstore.policies.base import RequestInfo
+from kvstore.policies.base import RequestInfo, ghost_victims
 from kvstore.policies.lru import _at_the_end
-from kvstore.policies.shadow import FrequencyGhost, WorkloadGhost
+from kvstore.policies.shadow import FrequencyGhost, Retained, WorkloadGhost
 
 if TYPE_CHECKING:
     from kvstore.policies.base import TierSpec
@@ -98,17 +102,18 @@ class LRUGhost:
     ``lost`` is how many keys of the last request were there, LRU's misses for want of
     room (the rest of its misses are keys it never saw, or saw too long ago)."""
 
-    __slots__ = ("capacity", "gone", "gone_used", "keys", "lost", "used")
+    __slots__ = ("capacity", "gone", "gone_used", "keys", "lost", "retained", "used")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, retained: Retained | None = None) -> None:
         self.capacity = capacity
+        self.retained = retained
         self.keys: OrderedDict[Hashable, int] = OrderedDict()
         self.used = 0
         self.gone: OrderedDict[Hashable, int] = OrderedDict()
         self.gone_used = 0
         self.lost = 0
 
-    def request(self, keys: Sequence[Hashable], size: int) -> int:
+    def request(self, keys: Sequence[Hashable], size: int, now: float = 0.0) -> int:
         """Play one lookup as LRU would; returns its prefix hits."""
         ghost = self.keys
         move = ghost.move_to_end
@@ -138,6 +143,15 @@ class LRUGhost:
                     self.gone_used -= n
                 self.used += size
                 ghost[k] = size
+        if self.used > self.capacity and self.retained:
+            shield = self.retained.shield(ghost, self.capacity, now)
+            if shield:
+                for k in ghost_victims(ghost, set(keys), ghost, self.used - self.capacity,
+                                       shield):
+                    n = ghost.pop(k)
+                    self.used -= n
+                    gone[k] = n
+                    self.gone_used += n
         while self.used > self.capacity and ghost:
             k, n = ghost.popitem(last=False)
             self.used -= n
@@ -176,6 +190,7 @@ class Guard:
         floor_lru: bool
         _ghost: LRUGhost | None
         _fghost: FrequencyGhost | None
+        _retained: Retained
         count_advantage: float
         _wghost: WorkloadGhost | None
         shown: float
@@ -200,10 +215,12 @@ class Guard:
     def _start(self, block_bytes: int) -> LRUGhost:
         cap = sum(t.capacity_bytes for i, t in enumerate(self.tiers) if self._worth[i])
         self._size = max(block_bytes, 1)
-        self._ghost = LRUGhost(cap)
-        self._fghost = FrequencyGhost(cap)
+        retained = self._retained
+        self._ghost = LRUGhost(cap, retained)
+        self._fghost = FrequencyGhost(cap, retained=retained)
         if self.floor is None:  # one tier worth loading from: the bets prove themselves
-            self._wghost = WorkloadGhost(cap, self.cost, **self._bet_options)
+            self._wghost = WorkloadGhost(cap, self.cost, retained=retained,
+                                         **self._bet_options)
         else:  # (the floor keeps LRU's hits; the bets' worth is which tier: no ghost sees it)
             self.proven = True
         blocks = max(1, cap // self._size)
@@ -257,11 +274,12 @@ class Guard:
                 return  # sizes unknown: nothing stored yet, nothing to compare
             ghost = self._start(req.block_bytes)
         n = len(req.keys)
-        g = ghost.request(req.keys, req.block_bytes or self._size)
+        g = ghost.request(req.keys, req.block_bytes or self._size, now)
         self._left -= n
         d = math.exp(-n / self._span)
         if not req.session_named and self._fghost is not None:
-            f = self._fghost.request(req, req.block_bytes or self._size, self.freq.counted)
+            f = self._fghost.request(req, req.block_bytes or self._size, self.freq.counted,
+                                     now)
             self.count_advantage = self.count_advantage * d + f - g
         self.room_lost = self.room_lost * d + ghost.lost
         self.looked = self.looked * d + n

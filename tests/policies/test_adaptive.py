@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from kvstore.policies import create
 from kvstore.policies.adaptive import AdaptivePolicy, LRUGhost
-from kvstore.policies.base import BlockInfo, Hint, Policy, RequestInfo, TierSpec
+from kvstore.policies.base import BlockInfo, Hint, Policy, RequestInfo, TierSpec, ghost_victims
+from kvstore.policies.shadow import Retained
 from kvstore.policies.ttl import TTLPolicy
 from kvstore.policies.vllm_native import ARCPolicy
 from kvstore.policies.workload import WorkloadPolicy
@@ -193,6 +194,38 @@ def test_the_ghost_counts_lrus_misses_for_want_of_room() -> None:
     assert ghost.lost == 1
     ghost.request([5, 6, 7, 8], 1)
     assert ghost.gone_used <= 2 and 2 not in ghost.gone
+
+
+def test_the_ghosts_play_the_engines_retention_shield() -> None:
+    """A retained key (its deadline after now) is passed over while the shielded bytes
+    stay within half the ghost's capacity (the engine's default retention quota, granted
+    in the order retained), taken only when nothing else can go (the oldest deadline
+    first), and an ordinary key again past its deadline."""
+    kept = Retained()
+    ghost = LRUGhost(4, kept)
+    ghost.request([1, 2, 3, 4], 1, 0.0)  # (the first block ends most recent: 4 3 2 1)
+    kept.add([1, 2, 3], 100.0, 0.0)  # 1 and 2 within the quota of 2 blocks; 3 is not
+    kept.add([2], 150.0, 0.5)  # extended: 2's deadline is now the later one
+    ghost.request([5], 1, 1.0)
+    assert list(ghost.keys) == [3, 2, 1, 5]  # 4 went, LRU's least recent
+    ghost.request([6, 7], 1, 2.0)  # 3 and 5 go; 1 and 2 stay, the oldest of all
+    assert list(ghost.keys) == [2, 1, 7, 6]
+    kept.add([6], 60.0, 2.0)  # past the quota: not shielded
+    ghost.request([8, 9, 10], 1, 3.0)  # 7 and 6, then (nothing else) the oldest deadline
+    assert list(ghost.keys) == [2, 10, 9, 8]
+    ghost.request([11, 12, 13], 1, 200.0)  # past the deadlines: LRU's order again
+    assert list(ghost.keys) == [8, 13, 12, 11] and not kept  # (the expired forgotten)
+    # ghost_victims (the counts' and the bets' ghosts): the same shield on their order
+    sizes = dict.fromkeys(range(6), 1)
+    shield = {0: 30.0, 1: 20.0, 2: 20.0}  # key -> deadline, in the order retained
+    assert ghost_victims(range(6), {5}, sizes, 2, shield) == [3, 4]
+    assert ghost_victims(range(6), {5}, sizes, 4, shield) == [3, 4, 2, 1]
+    assert ghost_victims(range(6), (), sizes, 2) == [0, 1]
+    assert Retained().shield(sizes, 6, 0.0) == {}
+    quota = Retained()
+    quota.add([0, 1, 2, 3], 10.0, 0.0)
+    assert list(quota.shield(sizes, 6, 0.0)) == [0, 1, 2]  # 3 blocks of 6: the quota
+    assert list(quota.shield({1: 1, 3: 1}, 6, 0.0)) == [1, 3]  # only what the ghost holds
 
 
 def test_the_floor_is_the_bets_where_lru_loses_for_want_of_room() -> None:

@@ -17,7 +17,7 @@ from kvstore.policies.base import BlockInfo, Plan, RequestInfo, TierSpec
 from kvstore.policies.frequency import Counted, FrequencyPolicy, ReuseCounts
 from kvstore.policies.lru import LRUPolicy
 from kvstore.policies.returns import ReturnTimes
-from kvstore.policies.shadow import FrequencyGhost
+from kvstore.policies.shadow import FrequencyGhost, Retained
 from kvstore.policies.workload import WorkloadPolicy
 
 TIERS = [TierSpec("dram", 24, 20e9), TierSpec("disk", 60, 3e9)]
@@ -31,8 +31,25 @@ class _RefTier(freq_mod._Tier):
                 self.file(k, count(k, 0))
 
 
+def _ref_victims(order: Sequence[Hashable], own: set[Hashable], sizes: Any, need: int,
+                 shield: dict[Hashable, float]) -> list[Hashable]:
+    """Unshielded first in ``order``, then the shielded by deadline (the latest
+    retained first at one deadline), the request's own passed over: key by key."""
+    gone = []
+    for v in order:
+        if need > 0 and v not in own and v not in shield:
+            gone.append(v)
+            need -= sizes[v]
+    rank = {k: j for j, k in enumerate(shield)}
+    for v in sorted(shield, key=lambda k: (shield[k], -rank[k])):
+        if need > 0 and v not in own:
+            gone.append(v)
+            need -= sizes[v]
+    return gone
+
+
 class _RefGhostLRU(LRUGhost):
-    def request(self, keys: Sequence[Hashable], size: int) -> int:
+    def request(self, keys: Sequence[Hashable], size: int, now: float = 0.0) -> int:
         ghost = self.keys
         hits = 0
         for k in keys:
@@ -50,6 +67,15 @@ class _RefGhostLRU(LRUGhost):
                     self.gone_used -= n
                 self.used += size
                 ghost[k] = size
+        shield = ({} if self.used <= self.capacity or not self.retained
+                  else self.retained.shield(ghost, self.capacity, now))
+        if shield:
+            for k in _ref_victims(list(ghost), set(keys), ghost, self.used - self.capacity,
+                                  shield):
+                n = ghost.pop(k)
+                self.used -= n
+                self.gone[k] = n
+                self.gone_used += n
         while self.used > self.capacity and ghost:
             k, n = ghost.popitem(last=False)
             self.used -= n
@@ -86,11 +112,13 @@ class _RefFrequency(FrequencyPolicy):
 
 
 class _RefFrequencyGhost(FrequencyGhost):
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, retained: Retained | None = None) -> None:
         self.tier = "ghost"
         self.policy = _RefFrequency([TierSpec(self.tier, capacity)])
+        self.retained = retained
 
-    def request(self, req: RequestInfo, size: int, counted: Counted | None = None) -> int:
+    def request(self, req: RequestInfo, size: int, counted: Counted | None = None,
+                now: float = 0.0) -> int:
         pol, name = self.policy, self.tier
         tr = pol._t[name]
         keys = req.keys
@@ -112,15 +140,9 @@ class _RefFrequencyGhost(FrequencyGhost):
             return hits
         need = len(new) * size - (tr.capacity - tr.used)
         if need > 0:
-            own = set(keys)
-            gone = []
-            for v in tr.order():
-                if need <= 0:
-                    break
-                if v in own:
-                    continue
-                gone.append(v)
-                need -= tr.sizes[v]
+            shield = ({} if self.retained is None
+                      else self.retained.shield(tr.sizes, tr.capacity, now))
+            gone = _ref_victims(list(tr.order()), set(keys), tr.sizes, need, shield)
             for v in gone:
                 tr.drop(v)
         for j in new:
@@ -173,8 +195,9 @@ class _RefAdaptive(AdaptivePolicy):
 
     def _start(self, block_bytes: int) -> LRUGhost:
         super()._start(block_bytes)
-        self._ghost = _RefGhostLRU(self._ghost.capacity)  # type: ignore[union-attr]
-        self._fghost = _RefFrequencyGhost(self._ghost.capacity)
+        self._ghost = _RefGhostLRU(self._ghost.capacity,  # type: ignore[union-attr]
+                                   self._retained)
+        self._fghost = _RefFrequencyGhost(self._ghost.capacity, self._retained)
         return self._ghost
 
     def _served(self, req: RequestInfo) -> int:
@@ -208,10 +231,11 @@ def _state(p: AdaptivePolicy) -> tuple[Any, ...]:
             list(counts._counts.items()) if counts is not None else None,
             [(t, list(o)) for t, o in p.lru._lru.items()],
             None if p._ghost is None else (list(p._ghost.keys), list(p._ghost.gone)),
-            None if p._fghost is None else tiers_of(p._fghost.policy))
+            None if p._fghost is None else tiers_of(p._fghost.policy),
+            list(p._retained.until.items()))
 
 
-def _drive(seed: int, steps: int) -> tuple[int, int]:
+def _drive(seed: int, steps: int, retain: bool = False) -> tuple[int, int]:
     rng = random.Random(seed)
     shared = random.Random(seed + 1000)  # (its own draws: the rest of the mix as before)
     fast, ref = AdaptivePolicy(TIERS), _RefAdaptive(TIERS)
@@ -275,6 +299,11 @@ def _drive(seed: int, steps: int) -> tuple[int, int]:
             for p in (fast, ref):
                 p.on_insert(BlockInfo(k, 1, None, req.session_id, "chat", 16, len(keys)), t,
                             float(step))
+        if retain and shared.random() < 0.2:  # a client retains the request's head
+            head = keys[:shared.choice((2, 4, 8))]
+            until = step + shared.choice((5.0, 30.0, 200.0))
+            for p in (fast, ref):
+                p.on_retain(head, until, float(step))
         if rng.random() < 0.1:  # a block dropped (expiry, deletion) out of turn
             t = rng.choice(TIERS).name
             if stored[t]:
@@ -290,6 +319,13 @@ def test_one_pass_paths_decide_as_the_per_key_loops() -> None:
     for seed in range(3):
         own, pooled = _drive(seed, 400)
         assert own > 0 and pooled > 0
+
+
+def test_ghosts_shield_retained_keys_as_the_per_key_loops() -> None:
+    """With clients retaining prefixes, the ghosts' shield (retained keys passed over
+    within the quota, taken last by deadline) decides as a key-by-key loop does."""
+    for seed in range(3):
+        _drive(seed, 400, retain=True)
 
 
 def test_owners_claim_run_is_claim_many() -> None:
