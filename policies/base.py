@@ -348,31 +348,24 @@ def ghost_victims(order: Iterable[Hashable], own: Container[Hashable],
     nothing else frees ``need``, the oldest deadline first (the latest retained first at
     one deadline), as the engine takes them."""
     gone: list[Hashable] = []
-    if not shield:
-        for v in order:
-            if need <= 0:
-                break
-            if v in own:
-                continue
-            gone.append(v)
-            need -= sizes[v]
-        return gone
-    for v in order:
-        if need <= 0:
-            return gone
-        if v in own or v in shield:
-            continue
-        gone.append(v)
-        need -= sizes[v]
-    if need > 0:
+    need = _take(order, own, shield or (), sizes, need, gone)
+    if need > 0 and shield:
         last = list(shield)
         last.reverse()
         last.sort(key=shield.__getitem__)  # (stable: the latest retained first at a tie)
-        for v in last:
-            if need <= 0:
-                break
-            if v in own:
-                continue
-            gone.append(v)
-            need -= sizes[v]
+        _take(last, own, (), sizes, need, gone)
     return gone
+
+
+def _take(order: Iterable[Hashable], skip: Container[Hashable], also: Container[Hashable],
+          sizes: Mapping[Hashable, int], need: int, gone: list[Hashable]) -> int:
+    """``gone`` extended with the keys of ``order`` in neither ``skip`` nor ``also`` until
+    ``need`` bytes are freed; returns the bytes still needed."""
+    for v in order:
+        if need <= 0:
+            break
+        if v in skip or v in also:
+            continue
+        gone.append(v)
+        need -= sizes[v]
+    return need

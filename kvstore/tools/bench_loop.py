@@ -186,11 +186,11 @@ async def _run(lookups: int, block: int, blocks: int, batches: int, dram_only: b
         #: per call, the longest the loop was held between two turns of another task
         held: dict[str, list[float]] = {op: [] for op in _OPS}
         holds = _Holds()
+        hashes = [b.block_hash for b in batch]
         for rep in range(batches + 2):
             for path in ("", "alone"):
                 ns = f"bench-loop-{rep}{'-' + path if path else ''}"
                 rid = "" if path else f"bench-request-{rep}"
-                hashes = [b.block_hash for b in batch]
                 if rid:  # the connector looks the request up first: its plan is reused
                     await sv.Lookup(pb.LookupRequest(namespace=ns, block_hashes=hashes,
                                                      request_id=rid), ctx)
