@@ -298,6 +298,16 @@ class Engine:
         what the client says the request's turn ends with (for the policy's HBM keep);
         ``engine_hit_tokens``: the prompt tokens the serving engine's own prefix cache
         holds (vLLM's ``num_computed_tokens``; None: unknown)."""
+        found = self._lookup(namespace, hashes, session_id, workload, request_id, num_tokens,
+                             then, tool, expected_gap_s, engine_hit_tokens)
+        self.placement.policy.settle()
+        return found
+
+    def _lookup(self, namespace: str, hashes: Sequence[bytes], session_id: str,
+                workload: str, request_id: Hashable, num_tokens: int, then: str, tool: str,
+                expected_gap_s: float | None, engine_hit_tokens: int | None) -> Lookup:
+        """:meth:`lookup_request` with its hits' recency bookkeeping left to the policy's
+        next call or ``settle`` (see ``EvictionManager.on_access_many_later``)."""
         check_turn(then, expected_gap_s)
         hashes = self.check_hashes(namespace, hashes)
         return self.lookups.find(namespace, hashes, session_id, workload, request_id,
@@ -319,18 +329,25 @@ class Engine:
         the profile (a request's first lookup only), and with ``hold`` the served
         prefix pinned for ``owner`` to read from shared memory (``Lookup.held``)."""
         hashes = list(hashes)
-        found = self.lookup_request(namespace, hashes, session_id, workload,
-                                    request_id=request_id, num_tokens=num_tokens, then=then,
-                                    tool=tool, expected_gap_s=expected_gap_s,
-                                    engine_hit_tokens=engine_hit_tokens)
+        found = self._lookup(namespace, hashes, session_id, workload, request_id, num_tokens,
+                             then, tool, expected_gap_s, engine_hit_tokens)
+        # The answer goes first: the hits' recency and the live profile's look at the
+        # request are told once the loop is free (before the policy's next call in any
+        # case), off the Lookup's latency on the engine's scheduler step.
+        asyncio.get_running_loop().call_soon(self._after_lookup, namespace, hashes, session_id,
+                                             workload, found.repeat)
         found = await self.lookups.extend(namespace, hashes, found)
-        if not found.repeat and self.profile is not None:
-            self.profile.on_lookup(namespace, hashes, session_id, workload)
         if hold and found.media and self.plane is not None:
             held = await self.plane.acquire(namespace, hashes[:len(found.media)],
                                             lease_seconds, owner)
             found = replace(found, held=held)
         return found
+
+    def _after_lookup(self, namespace: str, hashes: list[bytes], session_id: str,
+                      workload: str, repeat: bool) -> None:
+        self.placement.policy.settle()
+        if not repeat and self.profile is not None:
+            self.profile.on_lookup(namespace, hashes, session_id, workload)
 
     async def put(self, namespace: str, blocks: Sequence[NewBlock], session_id: str = "",
                   workload: str = "", *, request_id: Hashable = "", spill: bool = True

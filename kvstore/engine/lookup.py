@@ -118,8 +118,9 @@ class Lookups:
         planner.requests.open(request_id, OpenRequest(namespace, keys, session, wl, now, keep_s,
                                                       named=bool(session_id)))
         planner.sessions.used(session, keys, now)
-        # tail first: the head ends most recent (one call for every hit)
-        pl.policy.on_access_many(keys[nhit - 1::-1] if hit else [], first[::-1], now)
+        # tail first: the head ends most recent (one call for every hit), told to the
+        # policy after the answer (see EvictionManager.on_access_many_later)
+        pl.policy.on_access_many_later(keys[nhit - 1::-1] if hit else [], first[::-1], now)
         top = pl.order[0]
         if first[:served].count(top) != served:
             submit = pl.mover.submit
@@ -133,7 +134,12 @@ class Lookups:
         if plan.moves:
             pl.schedule(plan.moves, "plan")
         st = pl.stats
-        st.tier_hits.update(first[:served])
+        if served:  # (a count per tier holding a hit: a lookup's hits sit in one or two)
+            head = first[:served] if served < len(first) else first
+            for name in worthy:
+                n = head.count(name)
+                if n:
+                    st.tier_hits[name] += n
         if pl.retention:
             for e in hit[:served]:
                 pl.retention.on_hit(e.key, now)

@@ -161,8 +161,11 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             hold=request.hold, lease_seconds=request.lease_seconds, owner=_owner(context),
             engine_hit_tokens=(request.num_computed_tokens
                                if request.HasField("num_computed_tokens") else None))
-        resp = pb.LookupResponse(num_hit=len(found.media),
-                                 media=list(map(MEDIUM_TO_PB.__getitem__, found.media)),
+        media = found.media
+        resp = pb.LookupResponse(num_hit=len(media),
+                                 media=([MEDIUM_TO_PB[media[0]]] * len(media)
+                                        if media and media.count(media[0]) == len(media)
+                                        else list(map(MEDIUM_TO_PB.__getitem__, media))),
                                  store_blocks=found.store, keep_ms=found.keep_s * 1e3)
         if found.held is not None:
             await self._held_to_pb(*found.held, resp.held)

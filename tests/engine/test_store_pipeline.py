@@ -6,6 +6,7 @@ servicer used to decide (repeat detection, profile, hold, hint validation)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +158,56 @@ async def test_put_without_spill_on_in_memory_tiers_stops_the_chain_where_room_e
         assert eng.stats.puts_cut == (0 if spill else 1)
 
 
+class _Told(LRUPolicy):
+    """LRU writing down the calls that reach it, in order."""
+
+    def __init__(self, tiers: list[TierSpec]) -> None:
+        super().__init__(tiers)
+        self.told: list[tuple[str, int]] = []
+
+    def on_request(self, req: Any, now: float) -> Any:
+        self.told.append(("request", len(req.keys)))
+        return super().on_request(req, now)
+
+    def on_access_many(self, keys: Any, tiers: Any, now: float) -> None:
+        self.told.append(("hits", len(keys)))
+        super().on_access_many(keys, tiers, now)
+
+    def on_insert(self, info: Any, tier: str, now: float) -> None:
+        self.told.append(("insert", 1))
+        super().on_insert(info, tier, now)
+
+
+async def test_a_served_lookup_answers_before_its_hits_bookkeeping_in_the_same_order() -> None:
+    """The hits' recency reaches the policy after the answer: once the loop is free, or
+    before the policy's next call, whichever is first (the calls it always got, in the
+    order it always got them); the synchronous lookup tells it at once."""
+    tier = MemoryTier(64 * KiB, name="fast", medium=Medium.CPU)
+    policy = _Told([TierSpec(tier.name, tier.capacity_bytes)])
+    eng = Engine([tier], policy, RecordingSink(), clock=Clock())
+    await eng.start()
+    try:
+        a, b = new_blocks(3, seed=5), new_blocks(2, seed=6)
+        await eng.put(NS, a)
+        await eng.put(NS, b)
+        policy.told.clear()
+        found = await eng.serve_lookup(NS, [x.block_hash for x in a], request_id="r1")
+        assert found.media == [Medium.CPU] * 3
+        assert policy.told == [("request", 3)]  # answered; the hits not told yet
+        await asyncio.sleep(0)
+        assert policy.told == [("request", 3), ("hits", 3)]
+        # not let go in between: the next call reaches the policy after the hits
+        policy.told.clear()
+        await eng.serve_lookup(NS, [x.block_hash for x in a], request_id="r2")
+        await eng.put(NS, new_blocks(1, seed=7))
+        assert policy.told[:4] == [("request", 3), ("hits", 3), ("request", 1), ("insert", 1)]
+        policy.told.clear()
+        eng.lookup_request(NS, [x.block_hash for x in b], request_id="r3")
+        assert policy.told == [("request", 2), ("hits", 2)]
+    finally:
+        await eng.close()
+
+
 async def test_serve_lookup_feeds_the_profile_once_per_request_and_holds() -> None:
     dram = DramTier(64 * KiB, segment_prefix="kvtest")
     eng, _ = _engine(dram)
@@ -176,6 +227,7 @@ async def test_serve_lookup_feeds_the_profile_once_per_request_and_holds() -> No
         assert all(BlockKey(NS, h) in eng.leases.pins for h in hashes)
         again = await eng.serve_lookup(NS, hashes, "s1", request_id="r")
         assert again.repeat and again.held is None
+        await asyncio.sleep(0)  # (the profile is told once the answer is out)
         snap = profile.snapshot()
         assert snap.requests == 1  # the repeat is not a request of its own
         assert eng.stats.lookups == 1
