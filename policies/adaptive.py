@@ -285,6 +285,13 @@ class AdaptivePolicy(Guard, Policy):
         self.freq.on_retain(keys, until, now)
         self.lru.on_retain(keys, until, now)
 
+    def settle(self) -> None:
+        self.bets.settle()
+        self.freq.settle()
+        self.lru.settle()
+        if self._fghost is not None:  # (the counts' ghost refiles its hits later too)
+            self._fghost.policy.settle()
+
     def on_remove(self, key: Hashable, tier: str) -> None:
         self.bets.on_remove(key, tier)
         self.freq.on_remove(key, tier)

@@ -284,6 +284,15 @@ class Policy(ABC):
         """A client says ``keys`` are used again before ``until``."""
         return None
 
+    # -- part 3: bookkeeping no answer waits for ----------------------------------
+    def settle(self) -> None:
+        """Do now what the policy left for later: the engine calls it when its loop is
+        free (after a lookup is answered). A policy may leave bookkeeping that no
+        decision of the call it came with reads (a request's hits refiled in its own
+        order) until then or until its next call, whichever is first, so that its
+        answers and state are the ones it would have without leaving anything."""
+        return None
+
 
 class Wrapper(Policy):
     """A policy around ``inner``: every call reaches it unchanged, so a decorator
@@ -335,6 +344,9 @@ class Wrapper(Policy):
 
     def on_retain(self, keys: Sequence[Hashable], until: float, now: float) -> None:
         self.inner.on_retain(keys, until, now)
+
+    def settle(self) -> None:
+        self.inner.settle()
 
 
 def ghost_victims(order: Iterable[Hashable], own: Container[Hashable],

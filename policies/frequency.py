@@ -188,11 +188,11 @@ class _Tier:
                         new = buckets[c] = {}
                     new.update(moved)
                     return
-        for k in keys:
+        for k, c in zip(keys, counted if counted is not None else map(count, keys, repeat(0)),
+                        strict=True):
             old = at.get(k)
             if old is None:
                 continue
-            c = count(k, 0)
             b = buckets[old]
             del b[k]
             if not b:
@@ -237,6 +237,10 @@ class FrequencyPolicy(Policy):
         self.counted = Counted(None, None, None)
         #: the counts' halvings the tiers are filed for
         self._halvings = 0
+        #: requests' hits not refiled yet, with their new counts, oldest first (see
+        #: :meth:`settle`)
+        self._unfiled: list[tuple[Sequence[Hashable], list[int],
+                                  dict[Hashable, None] | None]] = []
 
     @classmethod
     def from_config(cls, config: PolicyConfig, **options: Any) -> Self:
@@ -256,6 +260,8 @@ class FrequencyPolicy(Policy):
 
     # -- requests -----------------------------------------------------------------------
     def on_request(self, req: RequestInfo, now: float) -> Plan:
+        if self._unfiled:
+            self.settle()
         if req.worth:
             self._worth = tuple(req.worth)
         keys = req.keys
@@ -277,6 +283,8 @@ class FrequencyPolicy(Policy):
         """:meth:`on_request` of a lookup that another policy's :meth:`on_request`
         counted just before (``counted``, its :attr:`counted`): this one reads those
         counts and adds none (one count pass per lookup for both)."""
+        if self._unfiled:
+            self.settle()
         if req.worth:
             self._worth = tuple(req.worth)
         self.counts = counted.counts
@@ -296,13 +304,14 @@ class FrequencyPolicy(Policy):
             hit = (keys if all_hit else
                    [k for k, t in zip(keys, req.hit_tiers, strict=True) if t is not None])
             if hit:
-                # Each tier refiles the hits it holds, in order (the tiers' filings are
-                # independent: the same as key by key, tier by tier, in C-level passes).
-                cget = counts._counts.get
-                if not all_hit:
-                    distinct = news = None
-                for tr in self._t.values():
-                    tr.file_many(hit, cget, distinct, news)
+                # Each tier refiles the hits it holds, in order, under their counts of
+                # now, at :meth:`settle` or before any other call reads the tiers: no
+                # decision below reads where the request's own keys are filed (the
+                # victims pass over them), so its plan is the one it would be.
+                if not all_hit or news is None:
+                    distinct = None
+                    news = list(map(counts._counts.get, hit, repeat(0)))
+                self._unfiled.append((hit, news, distinct))
         hit_tiers = req.hit_tiers
         if None not in hit_tiers:  # (all hits: nothing to admit)
             return Plan({})
@@ -340,8 +349,19 @@ class FrequencyPolicy(Policy):
             admit[keys[j]] = dst
         return Plan(admit)
 
+    def settle(self) -> None:
+        """Refile the hits the requests left (see :meth:`_plan`), oldest first, in each
+        tier that holds them: the same filings, in the same order, as at the request."""
+        unfiled = self._unfiled
+        while unfiled:
+            hit, news, distinct = unfiled.pop(0)
+            for tr in self._t.values():
+                tr.file_many(hit, _zero, distinct, news)  # (the counts given: news)
+
     # -- bookkeeping and eviction -----------------------------------------------------------
     def on_insert(self, info: BlockInfo, tier: str, now: float) -> None:
+        if self._unfiled:
+            self.settle()
         tr = self._t[tier]
         if info.key in tr.at:
             return
@@ -350,6 +370,8 @@ class FrequencyPolicy(Policy):
         tr.file(info.key, self.count(info.key))
 
     def on_insert_many(self, infos: Sequence[BlockInfo], tier: str, now: float) -> None:
+        if self._unfiled:
+            self.settle()
         if type(self).on_insert is not FrequencyPolicy.on_insert:  # a subclass's own
             super().on_insert_many(infos, tier, now)
             return
@@ -365,12 +387,16 @@ class FrequencyPolicy(Policy):
             file(key, count(key, 0))
 
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
+        if self._unfiled:
+            self.settle()
         tr = self._t[tier]
         if key in tr.at:
             tr.file(key, self.count(key))
 
     def on_access_many(self, keys: Sequence[Hashable], tiers: Sequence[str], now: float
                        ) -> None:
+        if self._unfiled:
+            self.settle()
         if len(keys) != len(tiers):
             raise ValueError(f"{len(keys)} keys but {len(tiers)} tiers")
         if not keys:
@@ -385,8 +411,12 @@ class FrequencyPolicy(Policy):
             trs[tier].file_many((key,), get)
 
     def on_remove(self, key: Hashable, tier: str) -> None:
+        if self._unfiled:
+            self.settle()
         self._t[tier].drop(key)
 
     def victims(self, tier: str, protected: Container[Hashable], now: float
                 ) -> Iterator[Hashable]:
+        if self._unfiled:
+            self.settle()
         return self._t[tier].order()

@@ -66,11 +66,13 @@ class EvictionManager:
         self._later.append((keys, tiers, now))
 
     def settle(self) -> None:
-        """Pass on the hits told later (see :meth:`on_access_many_later`)."""
+        """Pass on the hits told later (see :meth:`on_access_many_later`), then let the
+        policy do what it left for later (``Policy.settle``)."""
         later = self._later
         while later:
             keys, tiers, now = later.pop(0)
             self.inner.on_access_many(keys, tiers, now)
+        self.inner.settle()
 
     # -- the eviction order --------------------------------------------------------
     def on_insert(self, info: BlockInfo, tier: str, now: float) -> None:

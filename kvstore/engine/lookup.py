@@ -95,7 +95,9 @@ class Lookups:
                     break
                 served += 1
         medium = {name: tiers[name].medium for name in worthy}
-        media = list(map(medium.__getitem__, first[:served]))
+        head = first if served == len(first) else first[:served]  # the served hits' tiers
+        media = ([medium[head[0]]] * served if served and head.count(head[0]) == served
+                 else list(map(medium.__getitem__, head)))  # (one tier: no pass per block)
         now = pl.clock()
         opened = planner.requests.get(namespace, request_id)
         if opened is not None:  # a repeat: counted once
@@ -122,7 +124,7 @@ class Lookups:
         # policy after the answer (see EvictionManager.on_access_many_later)
         pl.policy.on_access_many_later(keys[nhit - 1::-1] if hit else [], first[::-1], now)
         top = pl.order[0]
-        if first[:served].count(top) != served:
+        if head.count(top) != served:
             submit = pl.mover.submit
             mine = frozenset(keys)
             for entry in hit[:served]:  # head first: a parent is announced before its child
@@ -135,7 +137,6 @@ class Lookups:
             pl.schedule(plan.moves, "plan")
         st = pl.stats
         if served:  # (a count per tier holding a hit: a lookup's hits sit in one or two)
-            head = first[:served] if served < len(first) else first
             for name in worthy:
                 n = head.count(name)
                 if n:

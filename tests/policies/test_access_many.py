@@ -1,6 +1,7 @@
 """``on_access_many`` (a lookup's hits in one call) is ``on_access`` of each, in order,
 and ``on_insert_many`` (a commit's blocks in one call) is ``on_insert`` of each, for
-every registered policy: the same eviction order and the same next plan after it."""
+every registered policy: the same eviction order and the same next plan after it. And
+what a policy leaves for ``settle`` changes none of it, whenever ``settle`` comes."""
 
 from __future__ import annotations
 
@@ -22,9 +23,31 @@ def _flush(policy: Policy, run: list[BlockInfo], tier: str, now: float) -> None:
         run.clear()
 
 
-def _drive(policy: Policy, batched: bool, seed: int, inserts: bool = False) -> list[object]:
+class _Settling:
+    """A policy that settles after every call (what it left for later done at once)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def __getattr__(self, name: str) -> object:
+        call = getattr(self.policy, name)
+
+        def settled(*args: object) -> object:
+            out = call(*args)
+            if name != "victims":  # (an order read lazily: settled at the next call)
+                self.policy.settle()
+            return out
+
+        return settled
+
+
+def _drive(policy: Policy, batched: bool, seed: int, inserts: bool = False,
+           named: bool = True, stores: bool = False) -> list[object]:
     """Lookups over shared and private chains, with stores and evictions as the engine
-    makes them (a full tier gives up the policy's first victim); what the policy said."""
+    makes them (a full tier gives up the policy's first victim); what the policy said.
+    ``named``: the requests name their session (else the engine inferred it);
+    ``stores``: every other request is a store no lookup announced (its hits not
+    touched: the next call after its plan is an eviction or an insert)."""
     rng = random.Random(seed)
     seen: list[object] = []
     where: dict[object, str] = {}
@@ -37,11 +60,13 @@ def _drive(policy: Policy, batched: bool, seed: int, inserts: bool = False) -> l
         keys += [(session, step, i) for i in range(rng.randrange(1, 5))]
         hit = [where.get(k) for k in keys]
         req = RequestInfo(keys, hit, session_id=session, workload="chat", block_bytes=BLOCK,
-                          block_tokens=16, last_tokens=16)
+                          block_tokens=16, last_tokens=16, session_named=named)
         plan = policy.on_request(req, now)
         seen.append((sorted(map(str, plan.admit.items())), plan.keep_s))
         hits = [(k, t) for k, t in zip(keys, hit, strict=True) if t is not None][::-1]
-        if batched:
+        if stores and step % 2:
+            pass
+        elif batched:
             policy.on_access_many([k for k, _ in hits], [t for _, t in hits], now)
         else:
             for k, t in hits:
@@ -91,6 +116,18 @@ def test_on_insert_many_is_on_insert_of_each(name: str) -> None:
     for seed in (1, 2, 3):
         one, many = policies.create(name, TIERS), policies.create(name, TIERS)
         assert _drive(many, False, seed, inserts=True) == _drive(one, False, seed)
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["named", "unnamed"])
+@pytest.mark.parametrize("name", policies.available())
+def test_what_a_policy_leaves_for_settle_changes_nothing(name: str, named: bool) -> None:
+    """A policy left alone (it settles at its next call) says what one settled after
+    every call says: the same plans, victims and evictions (the engine settles once its
+    loop is free, after a lookup's answer)."""
+    for seed in range(1, 9):
+        alone, settled = policies.create(name, TIERS), policies.create(name, TIERS)
+        assert _drive(alone, True, seed, named=named, stores=True) == _drive(
+            _Settling(settled), True, seed, named=named, stores=True)  # type: ignore[arg-type]
 
 
 class _Counting(LRUPolicy):

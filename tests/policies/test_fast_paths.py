@@ -212,6 +212,8 @@ class _RefAdaptive(AdaptivePolicy):
 
 # -- the check ----------------------------------------------------------------------------
 def _state(p: AdaptivePolicy) -> tuple[Any, ...]:
+    p.settle()  # (its state once it did what it left for later: see Policy.settle)
+
     def tiers_of(pol: Any) -> list[Any]:
         out = []
         for name, tr in pol._t.items():

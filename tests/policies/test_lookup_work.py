@@ -30,6 +30,7 @@ def _lookup(p: FrequencyPolicy, keys: list[Hashable], extra: int = 0) -> None:
     missing = [("new", j) for j in range(extra)]
     p.on_request(RequestInfo([*keys, *missing], ["dram"] * len(keys) + [None] * extra, "",
                              "chat", 64, 16, 16), 0.0)
+    p.settle()  # (what it left for later: the engine settles once the answer is out)
 
 
 def test_a_lookup_held_in_two_tiers_refiles_each_tier_in_one_pass(monkeypatch: Any) -> None:
