@@ -200,6 +200,7 @@ class Guard:
         cost: CostModel
         _bet_options: dict[str, float]
         _span: float
+        _blocks: int
         _bank: float
         _credit: float
         advantage: float
@@ -223,7 +224,7 @@ class Guard:
                                          **self._bet_options)
         else:  # (the floor keeps LRU's hits; the bets' worth is which tier: no ghost sees it)
             self.proven = True
-        blocks = max(1, cap // self._size)
+        blocks = self._blocks = max(1, cap // self._size)
         self._span = self.window * blocks
         self._bank = self.bank * blocks
         self._credit = self.credit * blocks
