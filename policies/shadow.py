@@ -44,7 +44,8 @@ from typing import Any
 
 from kvstore.policies.base import BlockInfo, RequestInfo, TierSpec, ghost_victims
 from kvstore.policies.cost import CostModel
-from kvstore.policies.frequency import Counted, FrequencyPolicy
+from kvstore.policies.counts import Counted
+from kvstore.policies.frequency import FrequencyPolicy
 from kvstore.policies.workload import WorkloadPolicy
 
 __all__ = ["FrequencyGhost", "Retained", "WorkloadGhost"]

@@ -10,11 +10,11 @@ from collections.abc import Hashable, Sequence
 from itertools import repeat
 from typing import Any
 
-from kvstore.policies import frequency as freq_mod
 from kvstore.policies._owners import TierOwners
 from kvstore.policies.adaptive import AdaptivePolicy, LRUGhost
 from kvstore.policies.base import BlockInfo, Plan, RequestInfo, TierSpec
-from kvstore.policies.frequency import Counted, FrequencyPolicy, ReuseCounts
+from kvstore.policies.counts import Counted, CountTier, ReuseCounts
+from kvstore.policies.frequency import FrequencyPolicy
 from kvstore.policies.lru import LRUPolicy
 from kvstore.policies.returns import ReturnTimes
 from kvstore.policies.shadow import FrequencyGhost, Retained
@@ -24,7 +24,7 @@ TIERS = [TierSpec("dram", 24, 20e9), TierSpec("disk", 60, 3e9)]
 
 
 # -- the per-key reference --------------------------------------------------------------
-class _RefTier(freq_mod._Tier):
+class _RefTier(CountTier):
     def file_many(self, keys: Sequence[Hashable], count: Any, *_: Any) -> None:
         for k in keys:  # (the caller's distinct keys and counts not used)
             if k in self.at:

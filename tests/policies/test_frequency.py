@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from kvstore.policies.adaptive import AdaptivePolicy
 from kvstore.policies.base import Policy, RequestInfo, TierSpec
-from kvstore.policies.frequency import FrequencyPolicy, ReuseCounts
+from kvstore.policies.counts import ReuseCounts
+from kvstore.policies.frequency import FrequencyPolicy
 
 B = 1
 FOUR = [TierSpec("dram", 4 * B, 20e9)]

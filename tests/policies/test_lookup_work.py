@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-from kvstore.policies import frequency as freq_mod
 from kvstore.policies.base import BlockInfo, RequestInfo, TierSpec
+from kvstore.policies.counts import CountTier
 from kvstore.policies.frequency import FrequencyPolicy
 
 TIERS = [TierSpec("dram", 1 << 20, 20e9), TierSpec("disk", 1 << 24, 3e9)]
@@ -37,7 +37,7 @@ def test_a_lookup_held_in_two_tiers_refiles_each_tier_in_one_pass(monkeypatch: A
     p, keys = _stored(500, 300)
     _lookup(p, keys)  # the counts sized at the first lookup
     calls = {"file": 0, "file_many": 0}
-    file, file_many = freq_mod._Tier.file, freq_mod._Tier.file_many
+    file, file_many = CountTier.file, CountTier.file_many
 
     def counted_file(self: Any, *a: Any) -> None:
         calls["file"] += 1
@@ -47,8 +47,8 @@ def test_a_lookup_held_in_two_tiers_refiles_each_tier_in_one_pass(monkeypatch: A
         calls["file_many"] += 1
         file_many(self, *a)
 
-    monkeypatch.setattr(freq_mod._Tier, "file", counted_file)
-    monkeypatch.setattr(freq_mod._Tier, "file_many", counted_many)
+    monkeypatch.setattr(CountTier, "file", counted_file)
+    monkeypatch.setattr(CountTier, "file_many", counted_many)
     for _ in range(3):
         _lookup(p, keys, extra=2)
     assert calls == {"file": 0, "file_many": 2 * 3}  # (it was 800 file calls a lookup)
