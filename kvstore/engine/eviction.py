@@ -3,7 +3,7 @@
 A policy only orders a tier's blocks (``victims``, worst first: see
 :mod:`kvstore.policies.base`). :class:`EvictionManager` wraps it and is what the
 engine calls: it keeps the policy told of every store, hit and removal, and
-keeps one :class:`~kvstore.engine.children.ChildIndex` per tier beside it, so
+keeps one :class:`~kvstore.policies.children.ChildIndex` per tier beside it, so
 when the engine needs room it reads the policy's order lazily, until enough is
 freed, and
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Container, Hashable, Iterable, Sequence
 
-from kvstore.engine.children import ChildIndex
 from kvstore.policies import BlockInfo, Hint, Move, Plan, Policy, RequestInfo, TierSpec
+from kvstore.policies.children import ChildIndex
 
 __all__ = ["EvictionManager"]
 
@@ -118,7 +118,8 @@ class EvictionManager:
         if self._later:
             self.settle()
         order: Iterable[Hashable] = self.inner.victims(tier, protected, now)
-        return self._index(tier).take(order, nbytes, protected)
+        victims: list[Hashable] | None = self._index(tier).take(order, nbytes, protected)
+        return victims
 
     # -- placement: the policy's own ---------------------------------------------------
     def on_request(self, req: RequestInfo, now: float) -> Plan:

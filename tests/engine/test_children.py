@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from kvstore.engine.children import ChildIndex
+from kvstore.policies.children import ChildIndex
 
 
 class CountingSet:
@@ -195,3 +195,22 @@ def test_a_hint_whose_block_came_back_as_an_orphan_restarts_from_its_root() -> N
     # The walk from 0 starts at its hint (2, cached again), cannot climb through 1,
     # and goes on from 0 itself.
     assert idx.take([0], 2, set()) == [2, 9]
+
+
+def test_a_link_that_would_close_a_cycle_is_not_made() -> None:
+    """Parent links that form a cycle (bad input: X stored under Y, Y under X) are
+    never linked: a walk down a cycle never ends (it took the whole memory of the
+    process). The block that would close one stands alone (a root here); every walk
+    finishes, children still before their parents."""
+    idx = ChildIndex()
+    idx.add("x", "y", 1)  # its parent not cached yet
+    idx.add("y", "x", 1)  # would close x -> y -> x: y stands alone, above x
+    idx.add("z", "z", 1)  # its own parent
+    idx.add("a", "c", 1)
+    idx.add("b", "a", 1)
+    idx.add("c", "b", 1)  # would close a -> c -> b -> a: c stands alone, above a
+    assert idx.take(["y"], 1, {"x"}) is None  # y is x's parent: kept with it
+    victims = idx.take(["y", "z", "c"], 6, set())
+    assert victims is not None and sorted(victims) == ["a", "b", "c", "x", "y", "z"]
+    assert victims.index("x") < victims.index("y")
+    assert victims.index("b") < victims.index("a") < victims.index("c")

@@ -91,6 +91,23 @@ async def test_a_put_keeps_its_chain_head_when_the_tier_is_too_small():
     assert eng.lookup("ns", [b.block_hash for b in blocks]) == [Medium.CPU] * 3
 
 
+async def test_parent_links_in_a_cycle_are_evicted_like_any_other_blocks():
+    """A client that stores X under Y and Y under X (bad input: vLLM's hashes chain, so
+    its cannot) does not take the server down: the first eviction that reached the
+    pair walked the cycle until the process ran out of memory. Both go under pressure
+    as other blocks do, and the engine keeps serving."""
+    fast = MemoryTier(16 * KiB, name="fast", medium=Medium.CPU)
+    eng, _ = engine_over(fast, write_back=False)
+    x, y = b"x" * 32, b"y" * 32
+    assert await eng.put("ns", [NewBlock(x, y, (1,), b"a" * 4 * KiB)]) == (1, 0)
+    assert await eng.put("ns", [NewBlock(y, x, (2,), b"b" * 4 * KiB)]) == (1, 0)
+    for seed in range(3):  # 12 blocks through a tier of 4
+        chain = new_blocks(4, seed=10 + seed)
+        assert await eng.put("ns", chain) == (4, 0)
+        assert eng.lookup("ns", [b.block_hash for b in chain]) == [Medium.CPU] * 4
+    assert eng.index.get_hash("ns", x) is None and eng.index.get_hash("ns", y) is None
+
+
 async def test_capacity_is_never_exceeded_and_pinned_blocks_stay():
     dram = DramTier(64 * KiB, segment_prefix="kvtest")
     eng, _ = engine_over(dram, write_back=False, max_pinned_fraction=1.0)

@@ -39,6 +39,13 @@ class ChildIndex:
     def add(self, key: Hashable, parent: Hashable | None, size: int) -> None:
         if key in self._sizes:
             return
+        if parent is not None and (parent == key or (key in self._children
+                                                     and self._is_above(key, parent))):
+            # A link that would close a cycle of parent links (bad input: a client
+            # stored X under Y and Y under X; vLLM's hashes chain, so its cannot). The
+            # block stands alone here: a walk down a cycle never ends (it took the
+            # whole memory of the process on the first eviction that reached it).
+            parent = None
         self._parent[key] = parent
         self._sizes[key] = size
         if parent is not None:
@@ -50,6 +57,19 @@ class ChildIndex:
                     self._children[parent] = {kids[0], key}
             else:
                 kids.add(key)
+
+    def _is_above(self, key: Hashable, node: Hashable) -> bool:
+        """Whether ``key`` is ``node`` or one of its cached ancestors (the links held
+        here never form a cycle, so the walk ends; bounded all the same)."""
+        parents = self._parent
+        cur: Hashable | None = node
+        for _ in range(len(parents) + 1):
+            if cur is None:
+                return False
+            if cur == key:
+                return True
+            cur = parents.get(cur)
+        return True  # (unreachable: no cycle is ever linked)
 
     def remove(self, key: Hashable) -> None:
         if self._sizes.pop(key, None) is None:
@@ -201,3 +221,4 @@ class ChildIndex:
             if node == root:
                 return
             node = self._parent.get(node)
+
