@@ -270,6 +270,7 @@ class AdaptivePolicy(Guard, Policy):
         self.bets.on_insert(info, tier, now)
         self.freq.on_insert(info, tier, now)
         self.lru.on_insert(info, tier, now)
+        self._link((info,))
 
     def on_insert_many(self, infos: Sequence[BlockInfo], tier: str, now: float) -> None:
         if type(self).on_insert is not AdaptivePolicy.on_insert:  # a subclass's own insert
@@ -278,6 +279,23 @@ class AdaptivePolicy(Guard, Policy):
         self.bets.on_insert_many(infos, tier, now)
         self.freq.on_insert_many(infos, tier, now)
         self.lru.on_insert_many(infos, tier, now)
+        self._link(infos)
+
+    def _link(self, infos: Sequence[BlockInfo]) -> None:
+        """The ghosts learn whose children the stored blocks are: a request's decode
+        blocks reach them as a request of their own, its first block's parent unknown
+        (the prompt's last block: the engine evicts them before it)."""
+        ghost = self._ghost
+        if ghost is None:
+            return
+        indexes = [ghost.children]
+        for g in (self._fghost, self._wghost):
+            if g is not None:
+                indexes.append(g.children)
+        for info in infos:
+            if info.parent is not None:
+                for idx in indexes:
+                    idx.link(info.key, info.parent)
 
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         self.bets.on_access(key, tier, now)

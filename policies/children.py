@@ -6,11 +6,23 @@ its first miss). The engine's eviction manager (:mod:`kvstore.engine.eviction`)
 keeps one index per tier for every policy and calls :meth:`ChildIndex.take`
 with the policy's order: victims come back with every cached descendant placed
 before its parent, whatever order the policy gave.
+
+The policies' keys-only ghosts (the adaptive policy's LRU ghost, the ghosts of its
+bets: :mod:`~kvstore.policies.guard`, :mod:`~kvstore.policies.shadow`) play that
+same rule through :func:`ghost_take`, and learn from the stores whose children a
+request's decode blocks are (:meth:`ChildIndex.link`), so that what they count is
+what the engine would serve. A ghost that took a victim alone kept its descendants,
+blocks no lookup could reach, and took a prompt before the output saved under it:
+behind an engine cache the LRU ghost counted LRU up to 8 points short of what it
+serves on reasoning traces (``scripts/ghost_error.py``). The index lives here, below
+the engine, for that: one eviction rule for the engine and every model of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container, Hashable, Iterable, Iterator
+from collections.abc import Callable, Container, Hashable, Iterable, Iterator, Mapping
+
+from kvstore.policies.base import ghost_victims
 
 
 class ChildIndex:
@@ -57,6 +69,23 @@ class ChildIndex:
                     self._children[parent] = {kids[0], key}
             else:
                 kids.add(key)
+
+    def link(self, key: Hashable, parent: Hashable | None) -> None:
+        """Put ``key``, held here as a chain's first block, under ``parent`` (learned
+        after it was added: a ghost adds a request's decode blocks before the engine
+        says whose children they are). A link that would close a cycle is not made."""
+        if (parent is None or key not in self._sizes or self._parent.get(key) is not None
+                or parent == key or self._is_above(key, parent)):
+            return
+        self._parent[key] = parent
+        kids = self._children.get(parent)
+        if kids is None:
+            self._children[parent] = (key,)
+        elif isinstance(kids, tuple):
+            if kids[0] != key:
+                self._children[parent] = {kids[0], key}
+        else:
+            kids.add(key)
 
     def _is_above(self, key: Hashable, node: Hashable) -> bool:
         """Whether ``key`` is ``node`` or one of its cached ancestors (the links held
@@ -221,4 +250,75 @@ class ChildIndex:
             if node == root:
                 return
             node = self._parent.get(node)
+
+
+#: Rounds of :func:`ghost_take`'s room-making, as the engine's (``_MAX_EVICTION_ROUNDS``)
+_ROUNDS = 64
+
+
+class _Either:
+    """Membership in either of two containers (the request's own keys, the shield)."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: Container[Hashable], b: Container[Hashable]) -> None:
+        self.a, self.b = a, b
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.a or key in self.b
+
+
+def ghost_take(children: ChildIndex, order: Callable[[], Iterable[Hashable]],
+               own: Container[Hashable], sizes: Mapping[Hashable, int], need: int,
+               shield: Mapping[Hashable, float] | None = None) -> list[Hashable]:
+    """The victims the engine would take from a keys-only ghost whose blocks
+    ``children`` indexes (``sizes``: key -> bytes), to free ``need`` bytes, as its
+    room-making does (:mod:`kvstore.engine.room`): ``order()`` (the ghost's policy's
+    order, worst first) read as the eviction manager reads it (every cached
+    descendant before its ancestor, only as much of a subtree as it takes; the
+    request's own blocks, ``own``, and their ancestors kept), the retention shield's
+    keys (key -> deadline, in the order retained) kept as well. When that cannot free
+    ``need``, retained keys go first, the oldest deadline first (the latest retained
+    first at one deadline), as few as leave the rest enough (at least one), and the
+    rest is taken again (the retained keys that go are removed from ``children`` here;
+    the caller removes the rest). Where nothing more can go (the request's own blocks
+    fill the ghost), the keys :func:`ghost_victims` gives."""
+    out: list[Hashable] = []
+    if need <= 0:
+        return out
+    if not shield:
+        got = children.take(order(), need, own)
+        return got if got is not None else ghost_victims(order(), own, sizes, need)
+    left = dict(shield)
+    for _ in range(_ROUNDS):
+        got = children.take(order(), need, _Either(own, left) if left else own)
+        if got is not None:
+            return out + got
+        if not left:
+            break
+        # (the engine's retention gives up the oldest deadlines first, as few as leave
+        # the unshielded bytes enough: ``short``)
+        short = need - (sum(sizes.values()) - sum(sizes.get(k, 0) for k in out)
+                        - sum(sizes.get(k, 0) for k in left))
+        last = list(left)
+        last.reverse()
+        last.sort(key=left.__getitem__)  # (stable: the latest retained first at a tie)
+        freed = 0
+        for k in last:
+            if freed >= max(short, 1):
+                break
+            if k in own or k not in sizes:
+                continue
+            out.append(k)
+            children.remove(k)  # (gone: the next round's walk must not take it again)
+            del left[k]
+            freed += sizes[k]
+            need -= sizes[k]
+        if need <= 0 or not freed:
+            break
+    if need <= 0:
+        return out
+    gone = set(out)
+    rest = ghost_victims((k for k in order() if k not in gone), own, sizes, need, left)
+    return out + rest
 

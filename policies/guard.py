@@ -83,7 +83,8 @@ from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
-from kvstore.policies.base import RequestInfo, ghost_victims
+from kvstore.policies.base import RequestInfo
+from kvstore.policies.children import ChildIndex, ghost_take
 from kvstore.policies.lru import _at_the_end
 from kvstore.policies.shadow import FrequencyGhost, Retained, WorkloadGhost
 
@@ -96,18 +97,24 @@ __all__ = ["Guard", "LRUGhost"]
 
 
 class LRUGhost:
-    """LRU over keys only, ``capacity`` bytes: what LRU would hold (no payloads).
+    """LRU over keys only, ``capacity`` bytes: what LRU would hold (no payloads), its
+    victims taken by the engine's rule (a chain's leaves before its ancestors: the
+    adaptive policy links a request's decode blocks under their prompt from the stores).
 
     It also remembers the keys it evicted, up to ``capacity`` bytes more (ARC's B list):
     ``lost`` is how many keys of the last request were there, LRU's misses for want of
     room (the rest of its misses are keys it never saw, or saw too long ago)."""
 
-    __slots__ = ("capacity", "gone", "gone_used", "keys", "lost", "retained", "used")
+    __slots__ = ("capacity", "children", "gone", "gone_used", "keys", "lost", "retained",
+                 "used")
 
     def __init__(self, capacity: int, retained: Retained | None = None) -> None:
         self.capacity = capacity
         self.retained = retained
         self.keys: OrderedDict[Hashable, int] = OrderedDict()
+        #: the chains the lookups showed (a key's parent: the key before it), so that
+        #: victims go as the engine takes them (:func:`~kvstore.policies.children.ghost_take`)
+        self.children = ChildIndex()
         self.used = 0
         self.gone: OrderedDict[Hashable, int] = OrderedDict()
         self.gone_used = 0
@@ -133,7 +140,10 @@ class LRUGhost:
             hits += 1
         gone = self.gone
         lost = 0
+        add = self.children.add
+        j = len(keys)
         for k in reversed(keys):  # the engine's order: the first block ends most recent
+            j -= 1
             if k in ghost:
                 move(k)
             else:
@@ -143,24 +153,26 @@ class LRUGhost:
                     self.gone_used -= n
                 self.used += size
                 ghost[k] = size
-        if self.used > self.capacity and self.retained:
-            shield = self.retained.shield(ghost, self.capacity, now)
-            if shield:
-                for k in ghost_victims(ghost, set(keys), ghost, self.used - self.capacity,
-                                       shield):
-                    n = ghost.pop(k)
-                    self.used -= n
-                    gone[k] = n
-                    self.gone_used += n
-        while self.used > self.capacity and ghost:
-            k, n = ghost.popitem(last=False)
-            self.used -= n
-            gone[k] = n
-            self.gone_used += n
+                add(k, keys[j - 1] if j else None, size)
+        if self.used > self.capacity:
+            shield = (self.retained.shield(ghost, self.capacity, now) if self.retained
+                      else None)
+            for k in ghost_take(self.children, lambda: iter(ghost), set(keys), ghost,
+                                self.used - self.capacity, shield):
+                self._evict(k)
+        while self.used > self.capacity and ghost:  # (the request alone fills it)
+            self._evict(next(iter(ghost)))
         while self.gone_used > self.capacity and gone:
             self.gone_used -= gone.popitem(last=False)[1]
         self.lost = lost
         return hits
+
+    def _evict(self, key: Hashable) -> None:
+        n = self.keys.pop(key)
+        self.children.remove(key)
+        self.used -= n
+        self.gone[key] = n
+        self.gone_used += n
 
 
 

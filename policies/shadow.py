@@ -14,16 +14,21 @@ after its victims make room. No payloads, no time: a move is instant.
 
 Their hits minus the LRU ghost's on the same lookups are what the bets would have won
 or lost had they held the tiers the whole time: this is what tells the guard the bets
-may place blocks (:mod:`~kvstore.policies.guard`). Each is an estimate beside an
-estimate: no ghost plays the engine's eviction of a victim's children, so they are off
-the same way.
+may place blocks (:mod:`~kvstore.policies.guard`). Every ghost takes its victims by
+the engine's rule (:func:`~kvstore.policies.children.ghost_take`: a victim's cached
+descendants go before it, only as much of them as it takes) and learns from the
+stores whose children a request's decode blocks are: before, none did, and behind an
+engine cache the LRU ghost counted LRU up to 8 points short on reasoning traces. The
+bets' ghost still counts the bets short there (343 prefix hits where they serve 371
+on the generated ``reasoning`` kind, seed 11 at DRAM 49 behind an engine of 24;
+docs/benchmarks/replay.md), so they prove themselves later than they win.
 
 Every ghost (these two and the guard's LRU ghost) plays the engine's retention shield
 (:mod:`kvstore.engine.retention`) from what clients retained (:class:`Retained`, which
 the adaptive policy fills from ``on_retain``): their eviction passes over the retained
 keys they hold while those stay within the engine's default quota (half the ghost's
 capacity, granted in the order retained) and takes them, the oldest deadline first,
-only when nothing else can go (:func:`~kvstore.policies.base.ghost_victims`). Without
+only when nothing else can go (:func:`~kvstore.policies.children.ghost_take`). Without
 it a ghost of LRU was not LRU where clients retain: on the generated ``retained`` kind
 (six apps' shared system and tool prefixes retained for an hour), seed 4 at DRAM 74
 blocks alone, sessionless, the LRU ghost hit 1,593 blocks where LRU hits 1,754 (3% of
@@ -42,7 +47,8 @@ from itertools import compress, repeat
 from operator import eq, not_, or_
 from typing import Any
 
-from kvstore.policies.base import BlockInfo, RequestInfo, TierSpec, ghost_victims
+from kvstore.policies.base import BlockInfo, RequestInfo, TierSpec
+from kvstore.policies.children import ChildIndex, ghost_take
 from kvstore.policies.cost import CostModel
 from kvstore.policies.counts import Counted
 from kvstore.policies.frequency import FrequencyPolicy
@@ -132,11 +138,13 @@ class WorkloadGhost:
     """A :class:`WorkloadPolicy` of the given options over one keys-only tier of
     ``capacity`` bytes."""
 
-    __slots__ = ("hits", "policy", "retained", "tier")
+    __slots__ = ("children", "hits", "policy", "retained", "tier")
 
     def __init__(self, capacity: int, cost: CostModel | None = None, *,
                  retained: Retained | None = None, **options: Any) -> None:
         self.tier = _NAME
+        #: its blocks' chains: victims go as the engine takes them
+        self.children = ChildIndex()
         #: what clients retained (the engine's shield played on the ghost), or None
         self.retained = retained
         #: prefix hits over every lookup played
@@ -171,15 +179,21 @@ class WorkloadGhost:
         if not new:
             return hits
         need = len(new) * size - (tr.capacity - tr.used)
+        children = self.children
         if need > 0:
             own = set(keys)
             shield = (self.retained.shield(tr.sizes, tr.capacity, now) if self.retained
                       else None)
-            for v in ghost_victims(pol.victims(name, own, now), own, tr.sizes, need, shield):
+            for v in ghost_take(children, lambda: pol.victims(name, own, now), own,
+                                tr.sizes, need, shield):
                 pol.on_remove(v, name)
+                children.remove(v)
         fit = max(0, (tr.capacity - tr.used) // size)  # (size >= 1: the guard's)
         if fit:
-            pol.on_insert_many(list(map(req.info, new[:fit])), name, now)
+            infos = list(map(req.info, new[:fit]))
+            pol.on_insert_many(infos, name, now)
+            for info in infos:
+                children.add(info.key, info.parent, size)
         return hits
 
 
@@ -190,11 +204,13 @@ class FrequencyGhost:
     make room), so that its hits can be compared with an LRU ghost's on the same lookups
     before the policy is trusted with the real tiers."""
 
-    __slots__ = ("policy", "retained", "tier")
+    __slots__ = ("children", "policy", "retained", "tier")
 
     def __init__(self, capacity: int, reset: float = 20.0,
                  retained: Retained | None = None) -> None:
         self.tier = "ghost"
+        #: its blocks' chains: victims go as the engine takes them
+        self.children = ChildIndex()
         #: what clients retained (the engine's shield played on the ghost), or None
         self.retained = retained
         self.policy = FrequencyPolicy([TierSpec(self.tier, capacity)], reset=reset)
@@ -230,11 +246,13 @@ class FrequencyGhost:
         if not new:
             return hits
         need = len(new) * size - (tr.capacity - tr.used)
+        children = self.children
         if need > 0:
             shield = (self.retained.shield(tr.sizes, tr.capacity, now) if self.retained
                       else None)
-            for v in ghost_victims(tr.order(), set(keys), tr.sizes, need, shield):
+            for v in ghost_take(children, tr.order, set(keys), tr.sizes, need, shield):
                 tr.drop(v)
+                children.remove(v)
         added = [keys[j] for j in new]
         if (size > 0 and len(dict.fromkeys(added)) == len(added)
                 and not any(map(tr.at.__contains__, added))):
@@ -242,9 +260,13 @@ class FrequencyGhost:
             # fit go in one call (the same inserts as the loop below, without a call each).
             fit = max(0, (tr.capacity - tr.used) // size)
             pol.on_insert_many([BlockInfo(k, size) for k in added[:fit]], name, 0.0)
+            for j in new[:fit]:
+                children.add(keys[j], keys[j - 1] if j else None, size)
             return hits
         for j in new:
             if tr.used + size > tr.capacity:
                 break
+            if keys[j] not in tr.at:
+                children.add(keys[j], keys[j - 1] if j else None, size)
             pol.on_insert(BlockInfo(keys[j], size), name, 0.0)
         return hits

@@ -103,6 +103,29 @@ def test_the_lru_ghost_scores_what_lru_would_hit() -> None:
     assert ghost.request([1, 2, 3], 1) == 2 and ghost.used == 3
 
 
+def test_the_lru_ghost_evicts_as_the_engine_does_children_first() -> None:
+    """A prompt's decode blocks reach the ghost as a request of their own (their first
+    block's parent unknown); the stores tell whose children they are. Under pressure
+    the engine then takes the decode blocks, the chain's leaves, before the prompt
+    (LRU's oldest, but their ancestor), and so does the ghost: the prompt stays whole
+    and the next turn hits it and what is left of its output."""
+    pol = AdaptivePolicy([TierSpec("dram", 5)])
+    pol.on_request(RequestInfo([1, 2, 3], [None] * 3, "s", "chat", 1, 16, 16), 0.0)
+    ghost = pol._ghost
+    assert ghost is not None
+    pol.on_request(RequestInfo([4, 5], [None] * 2, "s", "chat", 1, 16, 16), 1.0)  # decode
+    pol.on_insert_many([BlockInfo(4, 1, 3), BlockInfo(5, 1, 4)], "dram", 1.0)  # their store
+    assert list(ghost.keys) == [3, 2, 1, 5, 4]  # (oldest first: 3, the prompt's last)
+    ghost.request([9], 1, 2.0)  # one must go: 3's subtree gives its deepest leaf, 5
+    assert list(ghost.keys) == [3, 2, 1, 4, 9]
+    assert ghost.request([1, 2, 3, 4, 5], 1, 3.0) == 4
+    bare = LRUGhost(5)  # (without the stores' parents: the prompt's tail went)
+    bare.request([1, 2, 3], 1)
+    bare.request([4, 5], 1)
+    bare.request([9], 1)
+    assert bare.request([1, 2, 3, 4, 5], 1) == 2
+
+
 def test_ttl_sends_a_block_it_refuses_from_the_top_tier_to_the_next() -> None:
     """The fixed rule: a held session fills the top tier, a new request's blocks
     bypass it and enter DRAM instead of being dropped (before: not admitted at all)."""

@@ -13,6 +13,7 @@ from typing import Any
 from kvstore.policies._owners import TierOwners
 from kvstore.policies.adaptive import AdaptivePolicy, LRUGhost
 from kvstore.policies.base import BlockInfo, Plan, RequestInfo, TierSpec
+from kvstore.policies.children import ChildIndex, ghost_take
 from kvstore.policies.counts import Counted, CountTier, ReuseCounts
 from kvstore.policies.frequency import FrequencyPolicy
 from kvstore.policies.lru import LRUPolicy
@@ -31,23 +32,6 @@ class _RefTier(CountTier):
                 self.file(k, count(k, 0))
 
 
-def _ref_victims(order: Sequence[Hashable], own: set[Hashable], sizes: Any, need: int,
-                 shield: dict[Hashable, float]) -> list[Hashable]:
-    """Unshielded first in ``order``, then the shielded by deadline (the latest
-    retained first at one deadline), the request's own passed over: key by key."""
-    gone = []
-    for v in order:
-        if need > 0 and v not in own and v not in shield:
-            gone.append(v)
-            need -= sizes[v]
-    rank = {k: j for j, k in enumerate(shield)}
-    for v in sorted(shield, key=lambda k: (shield[k], -rank[k])):
-        if need > 0 and v not in own:
-            gone.append(v)
-            need -= sizes[v]
-    return gone
-
-
 class _RefGhostLRU(LRUGhost):
     def request(self, keys: Sequence[Hashable], size: int, now: float = 0.0) -> int:
         ghost = self.keys
@@ -57,7 +41,8 @@ class _RefGhostLRU(LRUGhost):
                 break
             hits += 1
         lost = 0
-        for k in reversed(keys):
+        for j in range(len(keys) - 1, -1, -1):
+            k = keys[j]
             if k in ghost:
                 ghost.move_to_end(k)
             else:
@@ -67,20 +52,16 @@ class _RefGhostLRU(LRUGhost):
                     self.gone_used -= n
                 self.used += size
                 ghost[k] = size
-        shield = ({} if self.used <= self.capacity or not self.retained
-                  else self.retained.shield(ghost, self.capacity, now))
-        if shield:
-            for k in _ref_victims(list(ghost), set(keys), ghost, self.used - self.capacity,
-                                  shield):
-                n = ghost.pop(k)
-                self.used -= n
-                self.gone[k] = n
-                self.gone_used += n
+                self.children.add(k, keys[j - 1] if j else None, size)
+        if self.used > self.capacity:
+            # (the engine's eviction rule, shared: ghost_take)
+            shield = (self.retained.shield(ghost, self.capacity, now) if self.retained
+                      else None)
+            for k in ghost_take(self.children, lambda: list(ghost), set(keys), ghost,
+                                self.used - self.capacity, shield):
+                self._evict(k)
         while self.used > self.capacity and ghost:
-            k, n = ghost.popitem(last=False)
-            self.used -= n
-            self.gone[k] = n
-            self.gone_used += n
+            self._evict(next(iter(ghost)))
         while self.gone_used > self.capacity and self.gone:
             self.gone_used -= self.gone.popitem(last=False)[1]
         self.lost = lost
@@ -116,6 +97,7 @@ class _RefFrequencyGhost(FrequencyGhost):
         self.tier = "ghost"
         self.policy = _RefFrequency([TierSpec(self.tier, capacity)])
         self.retained = retained
+        self.children = ChildIndex()
 
     def request(self, req: RequestInfo, size: int, counted: Counted | None = None,
                 now: float = 0.0) -> int:
@@ -140,14 +122,17 @@ class _RefFrequencyGhost(FrequencyGhost):
             return hits
         need = len(new) * size - (tr.capacity - tr.used)
         if need > 0:
-            shield = ({} if self.retained is None
-                      else self.retained.shield(tr.sizes, tr.capacity, now))
-            gone = _ref_victims(list(tr.order()), set(keys), tr.sizes, need, shield)
-            for v in gone:
+            shield = (self.retained.shield(tr.sizes, tr.capacity, now) if self.retained
+                      else None)
+            for v in ghost_take(self.children, lambda: list(tr.order()), set(keys),
+                                tr.sizes, need, shield):
                 tr.drop(v)
+                self.children.remove(v)
         for j in new:
             if tr.used + size > tr.capacity:
                 break
+            if keys[j] not in tr.at:
+                self.children.add(keys[j], keys[j - 1] if j else None, size)
             pol.on_insert(BlockInfo(keys[j], size), name, 0.0)
         return hits
 

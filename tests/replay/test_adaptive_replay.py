@@ -85,11 +85,14 @@ def test_the_bets_place_blocks_only_once_their_ghost_shows_a_gain() -> None:
 def test_bets_that_win_prove_it_on_their_ghost_and_lead() -> None:
     """A generated reasoning trace (seed 11) at DRAM 49 behind an engine of 24 blocks:
     the bets win by eight points (38.94% against LRU's 30.74%); their ghost shows it
-    within the trace, and the guarded policy keeps nearly all of the gain."""
+    within the trace, and the guarded policy keeps more than half of the gain (35.41%).
+    It kept more than six points while the LRU ghost counted LRU 40 blocks short;
+    with that ghost exact, what delays the proof is the bets' ghost, which counts the
+    bets 28 blocks short here (343 prefix hits of 371: see docs/benchmarks/replay.md)."""
     lru, _ = _served_run("reasoning", 11, 0.1, "lru")
     guarded, pol = _served_run("reasoning", 11, 0.1, "adaptive")
     assert pol.proven
-    assert guarded > lru + 0.06, (guarded, lru)
+    assert guarded > lru + 0.04, (guarded, lru)
 
 
 def test_the_bets_ghost_counts_what_the_bets_serve() -> None:
@@ -113,3 +116,33 @@ def test_the_bets_ghost_counts_what_the_bets_serve() -> None:
             kind, ghost, bets.hit_blocks, bets.lookups)
         lru = asyncio.run(replay_served(reqs, "lru", cfg, CostModel()))
         assert ghost > 1.1 * lru.hit_blocks, (kind, ghost, lru.hit_blocks)  # it sees the win
+
+
+def test_the_lru_ghost_counts_what_lru_serves_behind_an_engine_cache() -> None:
+    """The guard's score is real prefix hits minus its LRU ghost's, so its bound on the
+    loss to LRU holds only where the ghost counts what LRU serves. With LRU leading the
+    whole trace (and no bank), the score at the end is the ghost's error. A reasoning
+    trace saves long decode outputs that the next turn looks up: the engine evicts a
+    prompt's decode blocks before the prompt (children first), and the ghost, which
+    learned them as a request of their own, evicted the prompt and kept blocks no
+    lookup could reach. It counted LRU 51 blocks short here (5.3 points); now that it
+    takes victims by the engine's rule and learns whose children stored blocks are, 0.
+    (``scripts/ghost_error.py`` measures the whole served grid.)"""
+    reqs = generate("reasoning", GenConfig(120, 1800.0, 11, 0.1))
+    distinct = len({h for r in reqs for h in r.hash_ids})
+    engine = round(0.05 * distinct)
+    cfg = ServedConfig(engine, (TierBudget("dram", round(0.3 * distinct)),), engine // 4)
+    run = ServedReplay(reqs, "adaptive", cfg, CostModel(), {"bank": 1e12})
+    pol: Any = run.engine.policy.inner
+    on_request = pol.on_request
+
+    def lru_leads(req: Any, now: float) -> Any:
+        pol.leader, pol._left = "lru", float("inf")
+        plan = on_request(req, now)
+        pol.leader, pol._left = "lru", float("inf")
+        return plan
+
+    pol.on_request = lru_leads
+    res = asyncio.run(run.run())
+    assert res.lookups > 900
+    assert abs(pol.advantage) <= 3, pol.advantage  # (blocks; it was +51)
