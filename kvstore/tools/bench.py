@@ -229,7 +229,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("bench", help="data-plane throughput vs memcpy; lookup latency")
     p.add_argument("--address", help="bench a running server instead of starting one")
     p.add_argument("--mib", type=float, default=256, help="bytes per run, MiB (default 256)")
-    p.add_argument("--repeats", type=int, default=5, help="best of N runs (default 5)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="best of N runs, after one that is not timed (default 5)")
     p.add_argument("--json", help="write the results as JSON here")
     p.add_argument("--storm-s", type=float, default=5.0,
                    help="seconds of the save storm (lookups and loop lag under it)")
