@@ -21,8 +21,8 @@ stores whose children a request's decode blocks are: before, none did, and behin
 engine cache the LRU ghost counted LRU up to 8 points short on reasoning traces. The
 bets' ghost still counts the bets short there (343 prefix hits where they serve 371
 on the generated ``reasoning`` kind, seed 11 at DRAM 49 behind an engine of 24: a few
-requests where it kept only the first block of a running session's chain; the engine
-protects the blocks of requests in flight, which no ghost knows of; see
+requests where it kept only the first block of a session's chain, likely because the
+engine protects the blocks of requests in flight, which no ghost knows of; see
 docs/benchmarks/replay.md), so they prove themselves later than they win.
 
 Every ghost (these two and the guard's LRU ghost) plays the engine's retention shield
