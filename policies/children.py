@@ -51,31 +51,25 @@ class ChildIndex:
     def add(self, key: Hashable, parent: Hashable | None, size: int) -> None:
         if key in self._sizes:
             return
-        if parent is not None and (parent == key or (key in self._children
-                                                     and self._is_above(key, parent))):
-            # A link that would close a cycle of parent links (bad input: a client
-            # stored X under Y and Y under X; vLLM's hashes chain, so its cannot). The
-            # block stands alone here: a walk down a cycle never ends (it took the
-            # whole memory of the process on the first eviction that reached it).
-            parent = None
-        self._parent[key] = parent
         self._sizes[key] = size
+        self._parent[key] = None
         if parent is not None:
-            kids = self._children.get(parent)
-            if kids is None:
-                self._children[parent] = (key,)
-            elif isinstance(kids, tuple):
-                if kids[0] != key:
-                    self._children[parent] = {kids[0], key}
-            else:
-                kids.add(key)
+            self._attach(key, parent)
 
     def link(self, key: Hashable, parent: Hashable | None) -> None:
         """Put ``key``, held here as a chain's first block, under ``parent`` (learned
         after it was added: a ghost adds a request's decode blocks before the engine
         says whose children they are). A link that would close a cycle is not made."""
-        if (parent is None or key not in self._sizes or self._parent.get(key) is not None
-                or parent == key or self._is_above(key, parent)):
+        if parent is not None and key in self._sizes and self._parent.get(key) is None:
+            self._attach(key, parent)
+
+    def _attach(self, key: Hashable, parent: Hashable) -> None:
+        """``key`` (held, a chain's first block here) under ``parent``, unless that
+        closes a cycle of parent links (bad input: a client stored X under Y and Y
+        under X; vLLM's hashes chain, so its cannot). Such a block stays alone: a walk
+        down a cycle never ends (it took the whole memory of the process on the first
+        eviction that reached it). Only a block with children can close one."""
+        if parent == key or (key in self._children and self._is_above(key, parent)):
             return
         self._parent[key] = parent
         kids = self._children.get(parent)

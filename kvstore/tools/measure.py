@@ -49,15 +49,16 @@ def measure(address: str, path: str, size: int, n: int, repeats: int, security: 
             c.prefault()
         for rep in range(repeats + 1):  # (round 0 warms up: not timed)
             ns = f"bench-{path}-{size}-{rep}"
-            t = time.perf_counter()
+            t0 = time.perf_counter()
             c.put(ns, blocks)
-            put_s = min(put_s, time.perf_counter() - t) if rep else put_s
-            t = time.perf_counter()
+            t1 = time.perf_counter()
             got = c.get(ns, hashes)
-            get_s = min(get_s, time.perf_counter() - t) if rep else get_s
-            t = time.perf_counter()
+            t2 = time.perf_counter()
             sizes = c.get_into(ns, hashes, views)
-            into_s = min(into_s, time.perf_counter() - t) if rep else into_s
+            t3 = time.perf_counter()
+            if rep:
+                put_s, get_s, into_s = (min(put_s, t1 - t0), min(get_s, t2 - t1),
+                                        min(into_s, t3 - t2))
             if [g.payload if g else None for g in got] != [b.payload for b in blocks] or \
                     sizes != [size] * n or dest[:size].tobytes() != blocks[0].payload:
                 raise RuntimeError(f"{path}: data read back differs from data written")
