@@ -105,12 +105,17 @@ class Planner:
 
     def request_keys(self, namespace: str, hashes: Sequence[bytes], request_id: Hashable,
                      parent: bytes | None = None) -> set[Hashable]:
-        """Keys a store must not evict: the blocks of the request being stored (without
-        a known request: the blocks stored and the prefix above ``parent``)."""
+        """Keys a store must not evict: the blocks stored and those of the request they
+        belong to (its lookup's chain; without a known request, the prefix above
+        ``parent``). The blocks stored count with a known request too: a request's
+        decode blocks, saved after its lookup, are not in its chain, and a store that
+        evicted the first of them to make room for the next kept a tail no prefix
+        lookup reaches."""
+        keys: set[Hashable] = {BlockKey(namespace, h) for h in hashes}
         opened = self.requests.get(namespace, request_id)
         if opened is not None:
-            return set(opened.keys)
-        keys: set[Hashable] = {BlockKey(namespace, h) for h in hashes}
+            keys.update(opened.keys)
+            return keys
         blocks = self.placement.index.blocks_of(namespace)
         while parent is not None and (entry := blocks.get(parent)) is not None:
             if entry.key in keys:

@@ -213,3 +213,22 @@ async def test_blocks_stored_under_an_unnamed_lookups_request_are_unnamed_too() 
     assert [r.session_named for r in spy.requests] == [False, False, True, True]
     assert spy.requests[1].session_id == spy.requests[0].session_id  # the inferred one
     await eng.close()
+
+
+async def test_a_requests_decode_blocks_do_not_evict_each_other() -> None:
+    """The decode blocks a connector saves when its request finishes continue the
+    request's chain but are not in its lookup. The store kept the lookup's blocks and
+    not the ones it was storing: in a full tier it evicted the first decode block to
+    make room for the next, and kept a tail no prefix lookup reaches (behind an engine
+    cache the workload bets lost parts of reasoning outputs this way). Now the blocks
+    stored are kept too: the chain's head goes in, what does not fit is cut."""
+    eng, _ = engine(MemoryTier(16 * KiB, name="dram", medium=Medium.CPU))
+    await eng.start()
+    chain = new_blocks(5)  # 4 KiB each: the tier holds four
+    eng.lookup("ns", hashes(chain[:2]), "s", "chat", request_id="r1")
+    assert await eng.put("ns", chain[:2], request_id="r1") == (2, 0)
+    assert await eng.put("ns", chain[2:], request_id="r1") == (2, 0)  # the decode blocks
+    assert eng.stats.puts_cut == 1
+    assert eng.lookup("ns", hashes(chain)) == [Medium.CPU] * 4
+    await eng.close()
+
