@@ -233,7 +233,11 @@ class AsyncKVStoreClient:
         while the lease holds. Returns payload sizes (0 = missing)."""
         resp = await self._call(self._stub.Acquire,
                                 pb.AcquireRequest(namespace=namespace, block_hashes=hashes))
-        sizes, overflow, corrupt = read_acquired(resp, self._segments, sink, base)
+        try:
+            sizes, overflow, corrupt = read_acquired(resp, self._segments, sink, base)
+        except BaseException:  # (a failing sink: the lease ends now, not at its expiry)
+            await self._release_quietly(pb.ReleaseRequest(lease_id=resp.lease_id))
+            raise
         # Each block the sink took was checked against its checksum afterwards (see
         # KVStoreClient._read_shm): the release need not hold up this read, unless it
         # reports a corrupt copy.

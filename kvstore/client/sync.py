@@ -202,7 +202,11 @@ class KVStoreClient(Holding):
         while the lease holds. Returns payload sizes (0 = missing)."""
         resp = self._call(self._stub.Acquire,
                           pb.AcquireRequest(namespace=namespace, block_hashes=hashes))
-        sizes, overflow, corrupt = read_acquired(resp, self._segments, sink, base)
+        try:
+            sizes, overflow, corrupt = read_acquired(resp, self._segments, sink, base)
+        except BaseException:  # (a failing sink: the lease ends now, not at its expiry)
+            self._release_quietly(pb.ReleaseRequest(lease_id=resp.lease_id))
+            raise
         # Every block the sink took was checked against its checksum after it took it:
         # had the lease run out and the slot been reused meanwhile, the block is missing
         # here, never wrong. So the release need not hold up this read: it runs on the

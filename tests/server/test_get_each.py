@@ -88,3 +88,36 @@ async def test_async_close_waits_for_background_releases(server: Any) -> None:
             got = await c.get("ns", [b.block_hash for b in blocks])
             assert [b.payload for b in got] == [b.payload for b in blocks]
     assert len(server.engine.leases) == 0
+
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["sync", "async"])
+async def test_a_sink_that_fails_leaves_no_lease_behind(server: Any, blocking: bool) -> None:
+    """A get longer than one Acquire (256 blocks) whose sink raises in its second
+    chunk: the error reaches the caller and the chunk's lease ends then, not when the
+    server's clock runs it out (it held the blocks' slots pinned until then, and a
+    delete of them waited). The blocks before it were read, each where it belongs."""
+    n = 300
+    blocks = make_chain(n, 1_000, seed=7)
+    hashes = [b.block_hash for b in blocks]
+    seen: list[int] = []
+
+    def failing(i: int, payload: bytes | bytearray | memoryview) -> int:
+        if i == 260:
+            raise RuntimeError("the sink failed")
+        assert bytes(payload) == bytes(blocks[i].payload)
+        seen.append(i)
+        return len(payload)
+
+    if blocking:
+        with KVStoreClient(server.address, shared_memory=True) as c:
+            c.put("ns", blocks)
+            with pytest.raises(RuntimeError, match="the sink failed"):
+                c.get_each("ns", hashes, failing)
+    else:
+        async with AsyncKVStoreClient(server.address, shared_memory=True) as ac:
+            await ac.put("ns", blocks)
+            with pytest.raises(RuntimeError, match="the sink failed"):
+                await ac.get_each("ns", hashes, failing)
+    assert seen == list(range(260))
+    assert len(server.engine.leases) == 0
