@@ -45,7 +45,7 @@ from kvstore.replay.driver import TierBudget
 from kvstore.replay.generate import KINDS, GenConfig, generate
 from kvstore.replay.served import ServedReplay
 from kvstore.replay.served_config import ServedConfig
-from kvstore.replay.trace import Request, load_trace
+from kvstore.replay.trace import Request, TraceError, load_trace
 
 GHOSTS = ("lru", "bets")
 
@@ -126,8 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("| trace | seed | DRAM blocks | looked-up blocks | ghost error, blocks | points |")
     print("|---|---|---|---|---|---|")
     if args.trace:
-        reqs = load_trace(args.trace)[:args.limit or None]
-        for cap in (int(c) for c in args.dram_blocks.split(",")):
+        try:
+            reqs = load_trace(args.trace)[:args.limit or None]
+            caps = [int(c) for c in args.dram_blocks.split(",")]
+        except (OSError, TraceError, ValueError) as exc:
+            print(f"ghost_error: {exc}", file=sys.stderr)
+            return 2
+        for cap in caps:
             cfg = ServedConfig(args.engine_blocks, (TierBudget("dram", cap),),
                                args.engine_blocks // 4)
             err, looked = replay_error(reqs, cfg, args.ghost)

@@ -142,3 +142,28 @@ def test_the_lru_ghost_counts_what_lru_serves_behind_an_engine_cache() -> None:
     blocks, error, looked = ghost_error("reasoning", 11, 0.3)
     assert blocks == 147 and looked > 900
     assert abs(error) <= 3, error  # (blocks; it was +51)
+
+
+def test_ghost_error_measures_the_bets_ghost_on_a_trace_file(tmp_path: Path, capsys: Any
+                                                            ) -> None:
+    """``scripts/ghost_error.py --ghost bets --trace FILE``: one row per DRAM size, the
+    error within the looked-up blocks; a file that is not a trace is a clear error."""
+    from kvstore.replay.trace import dump_trace
+
+    scripts = str(Path(__file__).resolve().parents[2] / "scripts")
+    sys.path.insert(0, scripts)
+    try:
+        from ghost_error import main
+    finally:
+        sys.path.remove(scripts)
+    trace = tmp_path / "reasoning.jsonl"
+    dump_trace(generate("reasoning", GenConfig(sessions=40, duration_s=600.0, seed=3,
+                                               scale=0.1)), trace)
+    assert main(["--ghost", "bets", "--trace", str(trace), "--engine-blocks", "8",
+                 "--dram-blocks", "20,60"]) == 0
+    rows = [r.split("|") for r in capsys.readouterr().out.splitlines()[2:]]
+    assert [int(r[3]) for r in rows] == [20, 60]
+    assert all(abs(int(r[5])) <= int(r[4]) for r in rows)
+    (tmp_path / "bad.jsonl").write_text("not json\n")
+    assert main(["--trace", str(tmp_path / "bad.jsonl")]) == 2
+    assert "ghost_error:" in capsys.readouterr().err
