@@ -58,17 +58,19 @@ def ghost_error(kind: str, seed: int, share: float, engine_share: float = 0.05,
     distinct = len({h for r in reqs for h in r.hash_ids})
     engine = round(engine_share * distinct)
     cap = max(4, round(share * distinct))
-    error, looked = replay_error(reqs, ServedConfig(engine, (TierBudget("dram", cap),),
-                                                    engine // 4), ghost)
+    error, looked = replay_error(reqs, engine, cap, ghost)
     return cap, error, looked
 
 
-def replay_error(reqs: Sequence[Request], cfg: ServedConfig, ghost: str = "lru",
-                 cost: CostModel | None = None) -> tuple[float, int]:
-    """(the ghost's error in blocks, looked-up blocks) of one served replay."""
+def replay_error(reqs: Sequence[Request], engine_blocks: int, dram_blocks: int,
+                 ghost: str = "lru") -> tuple[float, int]:
+    """(the ghost's error in blocks, looked-up blocks) of one served replay: an engine
+    cache of ``engine_blocks`` (a quarter of it the holds' budget, as ``kvstore
+    replay`` gives) in front of DRAM ``dram_blocks``."""
     if ghost not in GHOSTS:
         raise ValueError(f"ghost must be one of {GHOSTS}, got {ghost!r}")
-    run = ServedReplay(reqs, "adaptive", cfg, cost or CostModel(), {"bank": 1e12})
+    cfg = ServedConfig(engine_blocks, (TierBudget("dram", dram_blocks),), engine_blocks // 4)
+    run = ServedReplay(reqs, "adaptive", cfg, CostModel(), {"bank": 1e12})
     pol: Any = run.engine.policy.inner
     on_request = pol.on_request
     if ghost == "lru":
@@ -133,9 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"ghost_error: {exc}", file=sys.stderr)
             return 2
         for cap in caps:
-            cfg = ServedConfig(args.engine_blocks, (TierBudget("dram", cap),),
-                               args.engine_blocks // 4)
-            err, looked = replay_error(reqs, cfg, args.ghost)
+            err, looked = replay_error(reqs, args.engine_blocks, cap, args.ghost)
             print(f"| {Path(args.trace).name} | - | {cap} | {looked} | {err:+.0f} "
                   f"| {100 * err / max(looked, 1):+.2f} |", flush=True)
         return 0
