@@ -25,6 +25,7 @@ __all__ = [
     "SlotCallback",
     "Stats",
     "batches",
+    "commit_request",
     "tags",
     "translate",
 ]
@@ -207,6 +208,25 @@ class Stats:
 def header(b: BlockData | BlockSpec, size: int) -> pb.BlockHeader:
     return pb.BlockHeader(block_hash=bytes(b.block_hash), parent_hash=bytes(b.parent_hash or b""),
                           token_ids=list(b.token_ids), size=size)
+
+
+def commit_request(namespace: str, slots: Sequence[pb.SlotDescriptor], checksums: Sequence[int],
+                   headers: Sequence[pb.BlockHeader], t: dict[str, str], packed: bool
+                   ) -> pb.CommitRequest:
+    """The Commit of written ``slots`` (as Reserve returned them) with the writer's
+    checksum of each: ``packed`` (a server that takes it, ``SegmentsResponse.packed_commit``)
+    by slot id alone, in two packed arrays; else as descriptors carrying the checksums."""
+    request = pb.CommitRequest(namespace=namespace, session_id=t["session_id"],
+                               workload=t["workload"], request_id=t["request_id"])
+    request.headers.extend(headers)
+    if packed:
+        request.slot_ids.extend([d.slot_id for d in slots])
+        request.checksums.extend(checksums)
+        return request
+    for d, digest in zip(slots, checksums, strict=True):
+        d.checksum = digest
+    request.slots.extend(slots)
+    return request
 
 
 def batch_bounds(sizes: Sequence[int], max_bytes: int = BATCH_BYTES,

@@ -21,6 +21,7 @@ from kvstore.client._common import (
     Stats,
     batches,
     block_from_pb,
+    commit_request,
     copy_into,
     fill_overflow,
     header,
@@ -72,6 +73,8 @@ class AsyncKVStoreClient:
         self._want_shm = shared_memory
         self._shm: bool | None = None
         self._segments = SegmentCache()
+        #: whether the server takes Commit's packed form (its Segments answer says)
+        self._packed_commit = False
         #: Releases of verified reads, sent without waiting (close() awaits them).
         self._releases: set[asyncio.Task[None]] = set()
 
@@ -93,6 +96,7 @@ class AsyncKVStoreClient:
             resp = await self._call(self._stub.Segments, pb.SegmentsRequest())
         except (KVStoreError, OSError) as exc:
             return probe_failed(self.address, exc, self._want_shm)
+        self._packed_commit = resp.packed_commit
         return use_segments(self.address, resp, self._segments, self._want_shm)
 
     async def put(self, namespace: str, blocks: Sequence[BlockData],
@@ -136,7 +140,7 @@ class AsyncKVStoreClient:
             n = await (await self._put_shm(namespace, blocks[:half], t))
             n += await (await self._put_shm(namespace, blocks[half:], t))
             return _done(n)
-        slots, headers = [], []
+        slots, digests, headers = [], [], []
         try:
             for b, d in zip(blocks, resv.slots, strict=True):
                 if not d.slot_id:
@@ -144,7 +148,7 @@ class AsyncKVStoreClient:
                 region = self._segments.region(d)
                 region[:] = b.payload
                 region.release()
-                d.checksum = xxhash.xxh3_64_intdigest(b.payload)  # recorded by the server
+                digests.append(xxhash.xxh3_64_intdigest(b.payload))  # recorded by the server
                 slots.append(d)
                 headers.append(header(b, len(b.payload)))
         except BaseException:
@@ -154,7 +158,7 @@ class AsyncKVStoreClient:
             raise
         if not slots:
             return _done(0)
-        request = pb.CommitRequest(namespace=namespace, slots=slots, headers=headers, **t)
+        request = commit_request(namespace, slots, digests, headers, t, self._packed_commit)
 
         async def commit() -> int:
             return int((await self._call(self._stub.Commit, request)).stored)

@@ -30,6 +30,7 @@ from kvstore.client._common import (
     SlotCallback,
     acquired_slots,
     batch_bounds,
+    commit_request,
     header,
     put_requests,
     tags,
@@ -66,6 +67,7 @@ class InPlace:
     _pool: ThreadPoolExecutor | None
     _probe_lock: threading.Lock
     _renewer: Renewer
+    _packed_commit: bool
 
     if TYPE_CHECKING:
 
@@ -171,13 +173,16 @@ class InPlace:
             half = (start + end) // 2
             return (self._put_small(namespace, blocks, start, half, fill, t)
                     + self._put_small(namespace, blocks, half, end, fill, t))
-        slots, headers = self._fill(blocks, start, resv, fill)
-        return self._commit(namespace, slots, headers, t)()
+        return self._commit(namespace, *self._fill(blocks, start, resv, fill), t)()
 
     def _fill(self, blocks: Sequence[BlockSpec], start: int, resv: pb.ReserveResponse,
-              fill: SlotCallback) -> tuple[list[pb.SlotDescriptor], list[pb.BlockHeader]]:
+              fill: SlotCallback) -> tuple[list[pb.SlotDescriptor], list[int],
+                                           list[pb.BlockHeader]]:
+        """Write the reserved slots; returns the ones written, the writer's checksum of
+        each and their headers."""
         slots, headers = [], []
         todo: list[tuple[int, SlotBuffer]] = []
+        digests: list[int] = []
         try:
             for i, d in enumerate(resv.slots, start):
                 if not d.slot_id:
@@ -188,14 +193,13 @@ class InPlace:
             if todo:
                 # The writer's checksum travels with the commit: the server records it
                 # instead of reading the slots again (readers check it).
-                for d, digest in zip(slots, self._fill_and_hash(todo, fill), strict=True):
-                    d.checksum = digest
+                digests = self._fill_and_hash(todo, fill)
         except BaseException:
             ids = [d.slot_id for d in resv.slots if d.slot_id]
             if ids:
                 self._call(self._stub.Abort, pb.AbortRequest(slot_ids=ids))
             raise
-        return slots, headers
+        return slots, digests, headers
 
     def _fill_and_hash(self, todo: list[tuple[int, SlotBuffer]], fill: SlotCallback
                        ) -> list[int]:
@@ -216,12 +220,12 @@ class InPlace:
                 start, size = k + 1, 0
         return [digest for done in hashing for digest in done()]
 
-    def _commit(self, namespace: str, slots: list[pb.SlotDescriptor],
+    def _commit(self, namespace: str, slots: list[pb.SlotDescriptor], digests: list[int],
                 headers: list[pb.BlockHeader], t: dict[str, str]) -> Callable[[], int]:
         """Send the commit; returns a call that waits for it."""
         if not slots:
             return lambda: 0
-        request = pb.CommitRequest(namespace=namespace, slots=slots, headers=headers, **t)
+        request = commit_request(namespace, slots, digests, headers, t, self._packed_commit)
         return self._background(lambda: int(self._call(self._stub.Commit, request).stored))
 
     def get_in_place(self, namespace: str, hashes: Sequence[bytes], read: SlotCallback, *,

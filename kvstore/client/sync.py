@@ -72,6 +72,8 @@ class KVStoreClient(Holding):
         self._want_shm = shared_memory
         self._shm: bool | None = None
         self._segments = SegmentCache()
+        #: whether the server takes Commit's packed form (its Segments answer says)
+        self._packed_commit = False
         self._probe_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         #: Renews the leases of reads held in place while their views are held.
@@ -99,6 +101,7 @@ class KVStoreClient(Holding):
             resp = self._call(self._stub.Segments, pb.SegmentsRequest())
         except (KVStoreError, OSError) as exc:
             return probe_failed(self.address, exc, self._want_shm)
+        self._packed_commit = resp.packed_commit
         return use_segments(self.address, resp, self._segments, self._want_shm)
 
     # -- the API --------------------------------------------------------------------

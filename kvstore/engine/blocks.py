@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from kvstore.engine.index import Index
@@ -59,22 +59,33 @@ def check_blocks(index: Index, namespace: str, blocks: Sequence[NewBlock], max_b
 _WORKLOAD_NAME = {w: w.value for w in Workload}
 
 
-def block_info(meta: BlockMeta) -> BlockInfo:
-    """What a policy may know of a stored block (its session a :class:`SessionKey`)."""
+def block_info(meta: BlockMeta, prev: BlockInfo | None = None) -> BlockInfo:
+    """What a policy may know of a stored block (its session a :class:`SessionKey`).
+    ``prev``: the block stored before it in the same call, whose keys it takes where
+    they are its parent's and its session's (a chain's blocks: no key built twice)."""
     ns = meta.key.namespace
-    return BlockInfo(
-        meta.key, meta.size, BlockKey(ns, meta.parent_hash) if meta.parent_hash else None,
-        SessionKey(ns, meta.session_id) if meta.session_id else "",
-        _WORKLOAD_NAME[meta.workload], meta.num_tokens)
+    parent: Hashable | None = None
+    if meta.parent_hash:
+        parent = (prev.key if prev is not None and prev.key == (ns, meta.parent_hash)
+                  else BlockKey(ns, meta.parent_hash))
+    session: Hashable = ""
+    if meta.session_id:
+        session = (prev.session_id if prev is not None
+                   and prev.session_id == (ns, meta.session_id)
+                   else SessionKey(ns, meta.session_id))
+    return BlockInfo(meta.key, meta.size, parent, session, _WORKLOAD_NAME[meta.workload],
+                     meta.num_tokens)
 
 
 def new_meta(namespace: str, b: NewBlock, checksum: int, session: str,
-             workload: Workload, size: int | None = None) -> BlockMeta:
+             workload: Workload, size: int | None = None, key: BlockKey | None = None
+             ) -> BlockMeta:
     """The metadata of ``b``; ``size``: its payload's, when that is elsewhere (a
-    shared-memory slot) and ``b.payload`` is empty."""
+    shared-memory slot) and ``b.payload`` is empty; ``key``: its key, where the caller
+    holds it already (a reservation's)."""
     tokens = tuple(b.token_ids)
     return BlockMeta(
-        BlockKey(namespace, bytes(b.block_hash)),
+        key or BlockKey(namespace, bytes(b.block_hash)),
         bytes(b.parent_hash) if b.parent_hash else None,
         tokens, len(b.payload) if size is None else size, checksum, session, workload,
         time.time(), len(tokens) or b.num_tokens)

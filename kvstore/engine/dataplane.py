@@ -169,12 +169,12 @@ class SlotPlane(SlotReads):
     def view(self, slot: Slot) -> memoryview:
         return self.slots.view(slot)
 
-    async def commit(self, namespace: str, items: Sequence[tuple[Slot, NewBlock]],
+    async def commit(self, namespace: str, items: Sequence[tuple[Slot | int, NewBlock]],
                      session_id: str = "", workload: str = "", owner: str = "",
                      request_id: Hashable = "", checksums: Sequence[int] = ()) -> int:
-        """Commit written slots: ``items`` are (descriptor as reserved, block; its payload
-        is ignored: the bytes are read from the slot). A block the plan put in another
-        tier is copied there from its slot, and the slot freed.
+        """Commit written slots: ``items`` are (descriptor as reserved, or the slot's id
+        alone, block; its payload is ignored: the bytes are read from the slot). A block
+        the plan put in another tier is copied there from its slot, and the slot freed.
 
         ``checksums``: the writer's xxh3-64 of each slot as written (0 or absent: not
         given). A given one is recorded as it is, without reading the slot: every
@@ -193,22 +193,37 @@ class SlotPlane(SlotReads):
                 raise InvalidBlock(
                     f"block {bytes(b.block_hash).hex()[:16]} carries {len(b.token_ids)} token "
                     f"ids; at most {eng.max_block_tokens} (server.max_block_tokens)")
-        digests = await self._digests(items, checksums)
+        slots = self._described(items)
+        digests = await self._digests(slots, checksums)
         store = eng.store
-        op = store.resume(namespace, [b.block_hash for _, b in items], session_id, workload,
+        op = store.resume(namespace, [b.block_hash for _, b in slots], session_id, workload,
                           request_id)
         #: blocks committed in their slots and not indexed yet: indexed (and the policy,
         #: the events and the write-back told) together, before anything awaits, so no
         #: other call sees a committed slot the index does not hold
         done: list[BlockMeta] = []
         try:
-            await self._commit_each(items, digests, op, owner, done)
+            await self._commit_each(slots, digests, op, owner, done)
         finally:
             self._place(op, done)
         store.finish(op)
         if eng.profile is not None:
-            eng.profile.on_store((d.length, len(blk.token_ids)) for d, blk in items)
+            eng.profile.on_store((d.length, len(blk.token_ids)) for d, blk in slots)
         return len(op.placed)
+
+    def _described(self, items: Sequence[tuple[Slot | int, NewBlock]]
+                   ) -> list[tuple[Slot, NewBlock]]:
+        """``items`` with each slot given by id alone replaced by its reservation's
+        descriptor (the one Reserve handed out: nothing to build or compare). An id with
+        no live reservation gets an empty descriptor, which the commit refuses."""
+        peek = self.engine.leases.peek_reservation
+        out: list[tuple[Slot, NewBlock]] = []
+        for desc, b in items:
+            if isinstance(desc, int):
+                r = peek(desc)
+                desc = r.slot if r is not None else Slot(desc, "", 0, 0)
+            out.append((desc, b))
+        return out
 
     async def _commit_each(self, items: Sequence[tuple[Slot, NewBlock]], digests: list[int],
                            op: StoreOp, owner: str, done: list[BlockMeta]) -> None:
@@ -226,7 +241,7 @@ class SlotPlane(SlotReads):
                 await pace.pause(lambda: self._place(op, done), len(done))  # loop lag
                 now = eng.clock()
             r = eng.leases.take_reservation(desc.slot_id, now, owner)
-            if desc != r.slot:
+            if desc is not r.slot and desc != r.slot:
                 eng.leases.add_reservation(r)
                 self.slots.check_descriptor(desc.segment, desc.offset, desc.length)
                 raise BadDescriptor(
@@ -246,7 +261,8 @@ class SlotPlane(SlotReads):
             # (the slot's bytes are read only to hash them or to copy them elsewhere:
             # most commits carry the writer's checksum and stay here)
             meta = new_meta(namespace, b, digests[i] or xxhash.xxh3_64_intdigest(
-                self.slots.view(r.slot)), op.session_id, op.workload, size=r.slot.length)
+                self.slots.view(r.slot)), op.session_id, op.workload, size=r.slot.length,
+                key=r.key)
             if r.target != here and r.target is not None:
                 self._place(op, done)
                 view = self.slots.view(r.slot)

@@ -186,11 +186,13 @@ class Placement(Room, Transfers):
         add, index = self.index.add_location, self.index
         entries: list[Entry] = []
         infos: list[BlockInfo] = []
+        prev: BlockInfo | None = None
         for meta in metas:
             entry = add(meta, tier_name)
             info = entry.info
             if info is None:
-                info = entry.info = block_info(meta)
+                info = entry.info = block_info(meta, prev)
+            prev = info
             entries.append(entry)
             infos.append(info)
         now = self.clock()

@@ -4,7 +4,8 @@ The engine calls ``block_stored`` / ``block_removed`` / ``all_cleared``
 synchronously, from any thread; each call only appends to a queue and, the
 first time after an idle spell, schedules one drain on the bus's event loop.
 The drain turns everything queued into one ``KVEventBatch`` (so the events of
-one engine step travel together), assigns the next sequence number, encodes it
+one engine step travel together; at most one batch per ``events.batch_ms``, what
+comes sooner waits for the next), assigns the next sequence number, encodes it
 once, keeps it in a bounded :class:`ReplayBuffer` and fans it out to the
 publishers (ZMQ) and to in-process subscribers (the gRPC ``SubscribeEvents``
 stream). All consumers see the same ``(seq, ts, payload)``.
@@ -117,6 +118,8 @@ class EventBus:
         self._clock = clock
         self._pending: deque[_Pending] = deque()
         self._wake_scheduled = False
+        #: (monotonic) the earliest the next batch goes out (``events.batch_ms``)
+        self._next_batch = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._subs: set[_Subscriber] = set()
@@ -214,6 +217,10 @@ class EventBus:
 
     # ----------------------------------------------------------- publishing
     def _drain(self) -> None:
+        wait = self._next_batch - time.monotonic()
+        if wait > 0 and self._loop is not None:  # (the last batch went out just now)
+            self._loop.call_later(wait, self._drain)
+            return
         self._wake_scheduled = False
         self.flush()
 
@@ -238,6 +245,7 @@ class EventBus:
             else:
                 builder.foreign(items)
         events = builder.take()
+        self._next_batch = time.monotonic() + cfg.batch_ms / 1e3
         self.blocks_published += builder.blocks
         ts = self._clock()
         payload = wire.encode_batch(ts, events, self.config.data_parallel_rank)

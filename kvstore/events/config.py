@@ -73,6 +73,12 @@ class EventsConfig:
     media: MediaVocabulary = "storage"
     buffer_steps: int = 10_000
     hwm: int = 100_000
+    #: The bus publishes at most one batch per ``batch_ms`` milliseconds: what is
+    #: stored or removed meanwhile travels in the next batch (vLLM publishes one per
+    #: engine step, tens of milliseconds). A save of 512 blocks lets the event loop
+    #: go some 50 times; a batch at each cost as much as the commit's own work.
+    #: 0: a batch each time the loop drains the queue.
+    batch_ms: float = 2.0
     data_parallel_rank: int = 0
     ingest_endpoint: str = ""
     ingest_replay_endpoint: str = ""
@@ -84,17 +90,21 @@ class EventsConfig:
     def from_mapping(cls, table: Mapping[str, Any]) -> EventsConfig:
         """Build from the ``[events]`` TOML table; unknown keys and wrong types are errors."""
         fields = {f.name: f for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
         for key, value in table.items():
             if key not in fields:
                 raise ConfigError(
                     f"events.{key}: unknown setting; valid: {', '.join(sorted(fields))}"
                 )
             want = type(getattr(_DEFAULTS, key))
+            if want is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)  # (TOML's 5 for 5.0)
             if not isinstance(value, want) or (want is int and isinstance(value, bool)):
                 raise ConfigError(
                     f"events.{key} must be {want.__name__}, got {type(value).__name__} {value!r}"
                 )
-        return cls(**dict(table))
+            values[key] = value
+        return cls(**values)
 
     @property
     def effective_topic(self) -> str:
@@ -159,6 +169,12 @@ class EventsConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"events.{name} must be a positive integer, got {value!r}")
+        batch_ms = self.batch_ms
+        if (isinstance(batch_ms, bool) or not isinstance(batch_ms, int | float)
+                or not 0 <= batch_ms <= 1000):
+            raise ConfigError(
+                f"events.batch_ms must be a number of milliseconds from 0 to 1000, "
+                f"got {batch_ms!r}")
         if not isinstance(self.data_parallel_rank, int) or self.data_parallel_rank < 0:
             raise ConfigError(
                 "events.data_parallel_rank must be an integer >= 0, "

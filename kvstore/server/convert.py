@@ -30,16 +30,13 @@ def new_block(header: pb.BlockHeader, payload: bytes | memoryview = b"",
     are copied (a header may carry millions: a copy of them costs ~36 bytes each)."""
     if not header.block_hash:
         raise InvalidBlock("block header has an empty block_hash")
-    if max_tokens is not None and len(header.token_ids) > max_tokens:
+    tokens = header.token_ids
+    if max_tokens is not None and len(tokens) > max_tokens:
         raise InvalidBlock(
-            f"block {bytes(header.block_hash).hex()[:16]} carries {len(header.token_ids)} "
+            f"block {bytes(header.block_hash).hex()[:16]} carries {len(tokens)} "
             f"token ids; a block may carry at most {max_tokens} (server.max_block_tokens)")
-    return NewBlock(
-        block_hash=header.block_hash,
-        parent_hash=header.parent_hash or None,
-        token_ids=tuple(header.token_ids),
-        payload=payload,
-    )
+    # (a slice of a repeated field is a list made in C: half the cost of iterating it)
+    return NewBlock(header.block_hash, header.parent_hash or None, tuple(tokens[:]), payload)
 
 
 def _header_fields(meta: BlockMeta) -> dict[str, Any]:

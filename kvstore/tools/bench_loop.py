@@ -210,14 +210,11 @@ async def _run(lookups: int, block: int, blocks: int, batches: int, dram_only: b
                     t_reserve = time.thread_time() - t
                 h_reserve = holds.longest
                 resv = pb.ReserveResponse.FromString(wire_resv)
-                slots = []
-                for s, c, b in zip(resv.slots, sums, batch, strict=True):
+                for s, b in zip(resv.slots, batch, strict=True):
                     segments.region(s)[:] = b.payload  # (the writer's copy, not timed)
-                    d = pb.SlotDescriptor()
-                    d.CopyFrom(s)
-                    d.checksum = c
-                    slots.append(d)
-                commit = pb.CommitRequest(namespace=ns, slots=slots, headers=headers,
+                # (the clients' packed form: slot ids and checksums)
+                commit = pb.CommitRequest(namespace=ns, slot_ids=[s.slot_id for s in resv.slots],
+                                          checksums=sums, headers=headers,
                                           request_id=rid).SerializeToString()
                 async with holds:
                     t = time.thread_time()

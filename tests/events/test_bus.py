@@ -100,6 +100,29 @@ async def test_events_of_one_step_travel_in_one_batch_in_order() -> None:
     await bus.close()
 
 
+async def test_the_bus_publishes_at_most_one_batch_per_batch_ms() -> None:
+    # A commit of 512 blocks lets the loop go ~50 times, placing blocks before each:
+    # a batch per drain cost the server as much as the commit's own work.
+    metas = chain(list(range(3 * 32)))  # three blocks
+    for batch_ms, batches_soon in ((200.0, 1), (0.0, 3)):
+        mem = MemoryPublisher()
+        bus = EventBus(EventsConfig(batch_ms=batch_ms), [mem])
+        await bus.start()
+        for i in range(3):  # three stores, each followed by the loop's turn
+            bus.block_stored(metas[i:i + 1], Medium.CPU)
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        assert len(mem.batches) == batches_soon, batch_ms
+        if batch_ms:  # the rest follows within batch_ms, in one batch, in order
+            await asyncio.sleep(batch_ms / 1e3 + 0.1)
+            assert len(mem.batches) == 2
+            stored = [e for e in _decode(mem.batches[1].payload)
+                      if isinstance(e, wire.BlockStored)]
+            assert [h for e in stored for h in e.block_hashes] == [
+                block_hash_to_int(m.key.block_hash) for m in metas[1:3]]
+        await bus.close()
+
+
 async def test_calls_from_other_threads_keep_order() -> None:
     mem = MemoryPublisher()
     bus = EventBus(EventsConfig(), [mem])
@@ -193,6 +216,10 @@ async def test_lagging_subscriber_resyncs_from_replay() -> None:
         ("endpoint", "http://x", "events.endpoint must be a ZMQ endpoint"),
         ("buffer_steps", 0, "events.buffer_steps must be a positive integer"),
         ("data_parallel_rank", -1, "events.data_parallel_rank"),
+        ("batch_ms", -1.0, "events.batch_ms must be a number of milliseconds from 0 to 1000"),
+        ("batch_ms", 5000.0, "events.batch_ms must be a number of milliseconds"),
+        ("batch_ms", True, "events.batch_ms must be a number of milliseconds"),
+        ("batch_ms", "2", "events.batch_ms must be a number of milliseconds"),
     ],
 )
 def test_config_errors_name_field_and_choices(field: str, value: object, needle: str) -> None:
@@ -262,3 +289,7 @@ def test_config_from_toml_table() -> None:
         EventsConfig.from_mapping({"endpont": "tcp://*:1"})
     with pytest.raises(ConfigError, match="events.buffer_steps must be int, got str"):
         EventsConfig.from_mapping({"buffer_steps": "10"})
+    # a float setting takes TOML's integers (5 for 5.0), not its booleans
+    assert EventsConfig.from_mapping({"batch_ms": 5}).batch_ms == 5.0
+    with pytest.raises(ConfigError, match="events.batch_ms must be float, got bool"):
+        EventsConfig.from_mapping({"batch_ms": True})

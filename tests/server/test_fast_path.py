@@ -215,3 +215,62 @@ def test_the_busy_lag_counts_work_that_holds_the_loop():
         return lag.busy_summary(60).max_ms
 
     assert asyncio.run(main()) >= 50  # a callback posted meanwhile waited for it
+
+
+def test_the_clients_commit_by_slot_id_alone(server, monkeypatch):
+    # The server says it takes the packed form; the clients then send slot ids and
+    # checksums in two packed arrays, not a descriptor message per block.
+    seen: list[list[Any]] = []
+    plane = server.engine.plane
+    orig = plane.commit
+
+    async def commit(namespace: str, items: Any, *args: Any, **kw: Any) -> int:
+        seen.append([desc for desc, _ in items])
+        return await orig(namespace, items, *args, **kw)
+
+    monkeypatch.setattr(plane, "commit", commit)
+    blocks = make_chain(6, 64 * KiB, seed=15)
+    with KVStoreClient(server.address, shared_memory=True) as c:
+        assert c.put("m", blocks) == 6
+        got = c.get("m", [b.block_hash for b in blocks])
+    assert [g.payload if g else None for g in got] == [b.payload for b in blocks]
+    assert len(seen) == 1 and all(isinstance(d, int) for d in seen[0])
+    for b in blocks:  # the writer's checksums, recorded
+        entry = server.engine.index.get(BlockKey("m", b.block_hash))
+        assert entry is not None and entry.meta.checksum == xxhash.xxh3_64_intdigest(b.payload)
+
+
+def test_a_packed_commit_names_what_is_wrong_and_the_server_goes_on(server):
+    blocks = make_chain(3, 64 * KiB, seed=16)
+    sums = [xxhash.xxh3_64_intdigest(b.payload) for b in blocks]
+    with grpc.insecure_channel(server.address) as ch:
+        stub = pb_grpc.KVStoreStub(ch)
+        slots = _reserve(stub, "m", blocks)
+        ids = [d.slot_id for d in slots]
+
+        def status(**fields: Any) -> tuple[grpc.StatusCode, str]:
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Commit(pb.CommitRequest(namespace="m", **fields))
+            return info.value.code(), info.value.details()
+
+        headers = _headers(blocks)
+        code, msg = status(slot_ids=ids, slots=slots, headers=headers)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "slots or slot_ids, not both" in msg
+        code, msg = status(slot_ids=ids[:2], headers=headers)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "2 slot_ids but 3 headers" in msg
+        code, msg = status(slot_ids=ids, checksums=sums[:1], headers=headers)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "1 checksums for 3 slot_ids" in msg
+        code, msg = status(slot_ids=[ids[0], ids[1], 987654321], checksums=sums,
+                           headers=headers)
+        assert code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "slot 987654321 was never reserved" in msg
+        # a slot committed as another block than the one it was reserved for
+        code, msg = status(slot_ids=[ids[2]], checksums=sums[:1], headers=headers[:1])
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "was reserved for" in msg
+        # the first two went in with the commit the unknown id stopped; the third's
+        # reservation is still there, and a packed commit of it stores it
+        assert stub.Commit(pb.CommitRequest(namespace="m", slot_ids=ids[2:], checksums=sums[2:],
+                                            headers=headers[2:])).stored == 1
+    with KVStoreClient(server.address, shared_memory=True) as c:
+        got = c.get("m", [b.block_hash for b in blocks])
+    assert [g.payload if g else None for g in got] == [b.payload for b in blocks]

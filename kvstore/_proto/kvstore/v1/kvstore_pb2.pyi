@@ -155,12 +155,14 @@ class SegmentInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
 
 class SegmentsResponse(_message.Message):
-    __slots__ = ("segments", "host_id")
+    __slots__ = ("segments", "host_id", "packed_commit")
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    PACKED_COMMIT_FIELD_NUMBER: _ClassVar[int]
     segments: _containers.RepeatedCompositeFieldContainer[SegmentInfo]
     host_id: str
-    def __init__(self, segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ..., host_id: _Optional[str] = ...) -> None: ...
+    packed_commit: bool
+    def __init__(self, segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ..., host_id: _Optional[str] = ..., packed_commit: bool = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
     __slots__ = ("namespace", "sizes", "block_hashes", "session_id", "workload", "request_id")
@@ -187,20 +189,24 @@ class ReserveResponse(_message.Message):
     def __init__(self, slots: _Optional[_Iterable[_Union[SlotDescriptor, _Mapping]]] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("namespace", "slots", "headers", "session_id", "workload", "request_id")
+    __slots__ = ("namespace", "slots", "headers", "session_id", "workload", "request_id", "slot_ids", "checksums")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     HEADERS_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SLOT_IDS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     slots: _containers.RepeatedCompositeFieldContainer[SlotDescriptor]
     headers: _containers.RepeatedCompositeFieldContainer[BlockHeader]
     session_id: str
     workload: str
     request_id: str
-    def __init__(self, namespace: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotDescriptor, _Mapping]]] = ..., headers: _Optional[_Iterable[_Union[BlockHeader, _Mapping]]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    slot_ids: _containers.RepeatedScalarFieldContainer[int]
+    checksums: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, namespace: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotDescriptor, _Mapping]]] = ..., headers: _Optional[_Iterable[_Union[BlockHeader, _Mapping]]] = ..., session_id: _Optional[str] = ..., workload: _Optional[str] = ..., request_id: _Optional[str] = ..., slot_ids: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CommitResponse(_message.Message):
     __slots__ = ("stored",)
