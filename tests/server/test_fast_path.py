@@ -274,3 +274,35 @@ def test_a_packed_commit_names_what_is_wrong_and_the_server_goes_on(server):
     with KVStoreClient(server.address, shared_memory=True) as c:
         got = c.get("m", [b.block_hash for b in blocks])
     assert [g.payload if g else None for g in got] == [b.payload for b in blocks]
+
+
+def test_a_client_of_a_server_without_the_packed_form_sends_descriptors(server, monkeypatch):
+    # A server of an earlier release does not say packed_commit: its Commit wants
+    # descriptors, and the client sends them (with its checksums in them).
+    orig_call = KVStoreClient._call
+
+    def older(self: Any, fn: Any, request: Any, **kw: Any) -> Any:
+        resp = orig_call(self, fn, request, **kw)
+        if isinstance(resp, pb.SegmentsResponse):
+            resp.packed_commit = False
+        return resp
+
+    monkeypatch.setattr(KVStoreClient, "_call", older)
+    seen: list[list[Any]] = []
+    plane = server.engine.plane
+    orig = plane.commit
+
+    async def commit(namespace: str, items: Any, *args: Any, **kw: Any) -> int:
+        seen.append([desc for desc, _ in items])
+        return await orig(namespace, items, *args, **kw)
+
+    monkeypatch.setattr(plane, "commit", commit)
+    blocks = make_chain(4, 64 * KiB, seed=17)
+    with KVStoreClient(server.address, shared_memory=True) as c:
+        assert c.put("m", blocks) == 4
+        got = c.get("m", [b.block_hash for b in blocks])
+    assert [g.payload if g else None for g in got] == [b.payload for b in blocks]
+    assert len(seen) == 1 and not any(isinstance(d, int) for d in seen[0])
+    for b in blocks:
+        entry = server.engine.index.get(BlockKey("m", b.block_hash))
+        assert entry is not None and entry.meta.checksum == xxhash.xxh3_64_intdigest(b.payload)
