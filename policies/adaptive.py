@@ -22,8 +22,11 @@ named sessions with some credit.
 On named sessions, with one tier worth loading from, the bets place nothing until
 they have shown on their own ghost (:class:`~kvstore.policies.shadow.WorkloadGhost`,
 keys only) that they would have hit more than the LRU ghost by ``prove`` standard
-deviations of the paired per-request difference (``proven``); until then, and
-again after each lost lead until the ghost shows it again, LRU places the blocks. A
+deviations of the paired per-request difference, in blocks or per block (``proven``);
+until then LRU places the blocks, and from then the bets do until LRU's lead over
+them (the real hits against the LRU ghost's, in blocks) is proven at ``prove_back``
+standard deviations (a two-way proof:
+:mod:`~kvstore.policies.guard`). A
 guard that only measures the real tiers reacts after a loss, and one request can
 lose a returning session's whole chain: on the served grid's short traces
 (``scripts/replay_grid.py --engine-share 0.05``) that put three of 135 points 0.28-0.54
@@ -88,7 +91,7 @@ from kvstore.policies.base import (
 )
 from kvstore.policies.cost import CostModel
 from kvstore.policies.frequency import FrequencyPolicy
-from kvstore.policies.guard import Guard, LRUGhost
+from kvstore.policies.guard import Guard, LRUGhost, _Pending
 from kvstore.policies.lru import LRUPolicy
 from kvstore.policies.shadow import FrequencyGhost, Retained, WorkloadGhost
 from kvstore.policies.workload import WorkloadPolicy
@@ -112,7 +115,8 @@ class AdaptivePolicy(Guard, Policy):
                  allowance_per_root: float = 0.2, min_allowance: float = 1.0,
                  credit: float = 2.0, credit_per_allowance: float = 4.0,
                  counts_lead: float = 4.0, counts_share: float = 0.03, max_backoff: int = 64,
-                 floor_share: float = 0.01, prove: float = 2.0, **bets: float) -> None:
+                 floor_share: float = 0.01, prove: float = 2.0, prove_back: float = 1.5,
+                 **bets: float) -> None:
         super().__init__(tiers)
         if window <= 0 or bank < 0:
             raise ValueError(f"window must be > 0 and bank >= 0 (capacities), "
@@ -129,8 +133,9 @@ class AdaptivePolicy(Guard, Policy):
             raise ValueError(f"max_backoff must be >= 1, got {max_backoff}")
         if not 0 <= floor_share < 1:
             raise ValueError(f"floor_share must be in [0, 1), got {floor_share}")
-        if prove < 0:
-            raise ValueError(f"prove must be >= 0, got {prove}")
+        if prove < 0 or prove_back < 0:
+            raise ValueError(f"prove and prove_back must be >= 0, got {prove} and "
+                             f"{prove_back}")
         self.cost = cost or CostModel()
         #: the bets expert; ``bets`` options (margin, window_s, keep_gap_s) go to it
         self.bets = WorkloadPolicy(tiers, self.cost, hbm_keep_max_s=hbm_keep_max_s, **bets)
@@ -154,6 +159,9 @@ class AdaptivePolicy(Guard, Policy):
         self.max_backoff = max_backoff
         self.floor_share = floor_share
         self.prove = prove
+        #: how many standard deviations LRU's lead over the bets must reach (named
+        #: sessions, one tier) before it places their blocks again
+        self.prove_back = prove_back
         self._worth = tuple(self.cost.worth_loading(t) for t in tiers)
         worthy = [t.name for i, t in enumerate(self.tiers) if self._worth[i]]
         #: the floor: the slowest tier worth loading from, below a faster one (None with
@@ -194,6 +202,23 @@ class AdaptivePolicy(Guard, Policy):
         self._backoff = 1  # probation length, in windows
         self._left = 0.0  # lookups left in the current probation or trial
         self._size = 1
+        #: the ghosts' stores of the lookups whose engine stores have not come yet: the
+        #: last lookup's, those waiting (oldest first), by session and by key
+        self._pend: _Pending | None = None
+        self._pending: dict[_Pending, None] = {}
+        self._by_request: dict[tuple[Hashable, Hashable], list[_Pending]] = {}
+        self._by_key: dict[Hashable, list[_Pending]] = {}
+        #: the two-way proof: the bets' real hits minus the LRU ghost's since they were
+        #: last proven (at most the bank) and the sum of its squares; the bets' ghost's
+        #: lead per block (each request's over its length) and its squares; named
+        #: requests seen and their mean length (the last 1,024)
+        self._lead = self._lead_swing = 0.0
+        self._shown_pb = self._shown_pb_swing = 0.0
+        self._named = 0
+        self._mean_n = 1.0
+        #: how many times the bets were proven, and handed named sessions back to LRU
+        self.proofs = 0
+        self.handbacks = 0
 
     @classmethod
     def from_config(cls, config: PolicyConfig, **options: Any) -> Self:
@@ -224,6 +249,14 @@ class AdaptivePolicy(Guard, Policy):
             self._bettor = self.lru
 
     def on_request(self, req: RequestInfo, now: float) -> Plan:
+        plan = self._plan(req, now)
+        self._hold(bool(plan.admit))  # (the ghosts store when the engine does)
+        return plan
+
+    def on_stored(self, keys: Sequence[Hashable], now: float) -> None:
+        self.stored(keys, now)
+
+    def _plan(self, req: RequestInfo, now: float) -> Plan:
         freq = self.freq.on_request(req, now)  # first: the counts' ghost reads its counts
         self._score(req, now)
         self._choose_bettor(req)
@@ -260,6 +293,7 @@ class AdaptivePolicy(Guard, Policy):
         return dst
 
     def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:
+        self._flush(hint, now)  # (its request has ended)
         moves = self.bets.on_hint(hint, keys, now)  # it learns from every hint
         if self._wghost is not None:  # (its ghost too: one tier, it moves nothing)
             self._wghost.policy.on_hint(hint, (), now)

@@ -142,6 +142,13 @@ class RequestInfo:
     #: Leading blocks of ``keys`` the serving engine's own prefix cache holds (vLLM's
     #: ``num_computed_tokens`` in blocks, said by its connector); None: not known.
     engine_hit: int | None = None
+    #: The keys of the lookup chain this request's blocks continue (a request's decode
+    #: blocks, stored after its lookup: the engine's store keeps that chain as well as
+    #: the blocks it stores); empty: none.
+    continues: Sequence[Hashable] = ()
+    #: The engine's id of the request (its lookup's, which its later stores of decode
+    #: blocks share); None: not known.
+    request_id: Hashable = None
 
     def info(self, j: int) -> BlockInfo:
         """The BlockInfo of key ``j`` (its parent is key ``j - 1``)."""
@@ -198,6 +205,9 @@ class Hint:
     workload: str = "unknown"
     tool: str | None = None
     expected_gap_s: float | None = None
+    #: The request the hint ends (the engine's id, as in :class:`RequestInfo`; set by the
+    #: engine from the request it closes), None: not known.
+    request_id: Hashable = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +294,13 @@ class Policy(ABC):
         """A client says ``keys`` are used again before ``until``."""
         return None
 
+    def on_stored(self, keys: Sequence[Hashable], now: float) -> None:
+        """A store of ``keys`` (a request's blocks: those held already and those it
+        placed) ended: the engine stores a request's blocks when its prefill ends, not
+        at its lookup. A policy that models the engine's stores (the adaptive policy's
+        ghosts) waits for it."""
+        return None
+
     # -- part 3: bookkeeping no answer waits for ----------------------------------
     def settle(self) -> None:
         """Do now what the policy left for later: the engine calls it when its loop is
@@ -344,6 +361,9 @@ class Wrapper(Policy):
 
     def on_retain(self, keys: Sequence[Hashable], until: float, now: float) -> None:
         self.inner.on_retain(keys, until, now)
+
+    def on_stored(self, keys: Sequence[Hashable], now: float) -> None:
+        self.inner.on_stored(keys, now)
 
     def settle(self) -> None:
         self.inner.settle()

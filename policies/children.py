@@ -24,11 +24,14 @@ from collections.abc import Callable, Container, Hashable, Iterable, Iterator, M
 
 from kvstore.policies.base import ghost_victims
 
+#: Links kept for blocks not added yet (:meth:`ChildIndex.link`), at most
+_EARLY = 1 << 16
+
 
 class ChildIndex:
     """Parent links and cached-children counts for the blocks of one tier."""
 
-    __slots__ = ("_children", "_epoch", "_hints", "_parent", "_sizes")
+    __slots__ = ("_children", "_early", "_epoch", "_hints", "_parent", "_sizes")
 
     def __init__(self) -> None:
         self._parent: dict[Hashable, Hashable | None] = {}
@@ -44,6 +47,10 @@ class ChildIndex:
         # only change that can cut the path from a root to its hint).
         self._hints: dict[Hashable, tuple[Hashable | None, int]] = {}
         self._epoch = 0
+        # Links of blocks not added yet (a ghost waiting for the engine's store adds a
+        # request's decode blocks after the engine said whose children they are): kept
+        # until the block comes, at most _EARLY (oldest first out).
+        self._early: dict[Hashable, Hashable] = {}
 
     def __contains__(self, key: object) -> bool:
         return key in self._sizes
@@ -53,14 +60,29 @@ class ChildIndex:
             return
         self._sizes[key] = size
         self._parent[key] = None
+        if self._early:
+            early = self._early.pop(key, None)
+            if parent is None:
+                parent = early
         if parent is not None:
             self._attach(key, parent)
 
     def link(self, key: Hashable, parent: Hashable | None) -> None:
         """Put ``key``, held here as a chain's first block, under ``parent`` (learned
         after it was added: a ghost adds a request's decode blocks before the engine
-        says whose children they are). A link that would close a cycle is not made."""
-        if parent is not None and key in self._sizes and self._parent.get(key) is None:
+        says whose children they are; or before: a ghost waiting for the engine's store
+        adds them after, and the link waits for the block). A link that would close a
+        cycle is not made."""
+        if parent is None:
+            return
+        if key not in self._sizes:
+            early = self._early
+            early.pop(key, None)
+            early[key] = parent
+            if len(early) > _EARLY:
+                del early[next(iter(early))]
+            return
+        if self._parent.get(key) is None:
             self._attach(key, parent)
 
     def _attach(self, key: Hashable, parent: Hashable) -> None:

@@ -20,16 +20,17 @@ descendants go before it, only as much of them as it takes) and learns from the
 stores whose children a request's decode blocks are: before, none did, and behind an
 engine cache the LRU ghost counted LRU up to 8 points short on reasoning traces.
 
-What they still do not play (measured by ``scripts/ghost_error.py``; see
-docs/benchmarks/replay.md): a store of a request's decode blocks keeps the chain they
-continue, which a ghost does not know of, and a ghost stores at the lookup, the engine
-when the request's prefill ends (a minute later for the agent trace's long prompts,
-while other requests look up and store). So the bets' ghost counts the bets 1 to 15
-points short on the served grid's reasoning traces (they prove themselves later than
-they win), and on the agent trace behind an engine of 500 blocks the LRU ghost counts
-LRU 13.5 / 12.2 / 0.2 points short at DRAM 1,000 / 2,000 / 5,000 (the score flatters
-the bets by as much there). Playing both exactly was measured and not kept: with an
-honest score the bets never prove themselves on that trace at two standard deviations.
+They play the engine's store as it is made (measured by ``scripts/ghost_error.py``;
+see docs/benchmarks/replay.md): a store of a request's decode blocks keeps the chain they
+continue (``RequestInfo.continues``, set by the engine), and a ghost's store waits for
+the engine's (``request(..., defer=True)`` plays the lookup alone; ``store`` stores
+later: the adaptive policy calls it when the engine's store ends, ``Policy.on_stored``,
+when a hint ends the request, or at once where the engine stores nothing), as the
+engine stores a request's blocks when its prefill ends (a minute later for the agent
+trace's long prompts, while other requests look up and store). Before, the bets' ghost
+counted the bets 1 to 15 points short on the served grid's reasoning traces, and on the
+agent trace behind an engine of 500 blocks the LRU ghost counted LRU 13.5 / 12.2 / 0.2
+points short at DRAM 1,000 / 2,000 / 5,000; now within about a point.
 
 Every ghost (these two and the guard's LRU ghost) plays the engine's retention shield
 (:mod:`kvstore.engine.retention`) from what clients retained (:class:`Retained`, which
@@ -159,10 +160,13 @@ class WorkloadGhost:
         self.hits = 0
         self.policy = WorkloadPolicy([TierSpec(self.tier, capacity)], cost, **options)
 
-    def request(self, req: RequestInfo, size: int, now: float) -> int:
+    def request(self, req: RequestInfo, size: int, now: float, *, defer: bool = False
+                ) -> int | tuple[int, list[BlockInfo]]:
         """Play one lookup at ``now``; returns its prefix hits. A lookup of a chain the
         ghost holds runs no Python line per block (C-level passes); the store of new
-        blocks does (the policy's inserts), as the engine's commit does."""
+        blocks does (the policy's inserts), as the engine's commit does. With ``defer``
+        returns the hits and the blocks to store, which :meth:`store` stores later (the
+        engine stores them when the request's prefill ends)."""
         pol, name = self.policy, self.tier
         tr = pol._t[name]
         keys = req.keys
@@ -176,33 +180,50 @@ class WorkloadGhost:
         plan = pol.on_request(req, now)
         if hits:
             pol.on_access_many(keys[hits - 1::-1], tiers[hits - 1::-1], now)
-        if hits == n or not plan.admit:
-            return hits
-        # What the lookup says to store: the run after the hits of blocks held or
-        # admitted (the engine's store count); only the admitted ones are new.
-        rest = keys[hits:]
-        ok = list(map(or_, held[hits:], map(eq, map(plan.admit.get, rest), repeat(name))))
-        end = ok.index(False) if False in ok else len(ok)
-        new = list(compress(range(hits, hits + end), map(not_, held[hits:hits + end])))
-        if not new:
-            return hits
-        need = len(new) * size - (tr.capacity - tr.used)
+        infos: list[BlockInfo] = []
+        if hits < n and plan.admit:
+            # What the lookup says to store: the run after the hits of blocks held or
+            # admitted (the engine's store count); only the admitted ones are new.
+            rest = keys[hits:]
+            ok = list(map(or_, held[hits:], map(eq, map(plan.admit.get, rest),
+                                                repeat(name))))
+            end = ok.index(False) if False in ok else len(ok)
+            new = list(compress(range(hits, hits + end), map(not_, held[hits:hits + end])))
+            infos = list(map(req.info, new))
+        if defer:
+            return hits, infos
+        if infos:
+            self.store(req, infos, size, now)
+        return hits
+
+    def store(self, req: RequestInfo, infos: list[BlockInfo], size: int, now: float) -> None:
+        """Store the blocks a lookup of ``req`` said to store (those not held by now),
+        after the policy's victims make room (the request's chain, and the chain it
+        continues, kept); what does not fit is left out, the chain's tail first."""
+        pol, name = self.policy, self.tier
+        tr = pol._t[name]
+        infos = [i for i in infos if i.key not in tr.sizes]
+        if not infos:
+            return
+        need = len(infos) * size - (tr.capacity - tr.used)
         children = self.children
         if need > 0:
-            own = set(keys)
+            own = set(req.keys)
+            if req.continues:
+                own.update(req.continues)
             shield = (self.retained.shield(tr.sizes, tr.capacity, now) if self.retained
                       else None)
             for v in ghost_take(children, lambda: pol.victims(name, own, now), own,
                                 tr.sizes, need, shield):
-                pol.on_remove(v, name)
-                children.remove(v)
+                if v in tr.sizes:
+                    pol.on_remove(v, name)
+                    children.remove(v)
         fit = max(0, (tr.capacity - tr.used) // size)  # (size >= 1: the guard's)
         if fit:
-            infos = list(map(req.info, new[:fit]))
+            infos = infos[:fit]
             pol.on_insert_many(infos, name, now)
             for info in infos:
                 children.add(info.key, info.parent, size)
-        return hits
 
 
 class FrequencyGhost:
@@ -224,7 +245,7 @@ class FrequencyGhost:
         self.policy = FrequencyPolicy([TierSpec(self.tier, capacity)], reset=reset)
 
     def request(self, req: RequestInfo, size: int, counted: Counted | None = None,
-                now: float = 0.0) -> int:
+                now: float = 0.0, *, defer: bool = False) -> int | tuple[int, list[int]]:
         """Play one lookup; returns its prefix hits. ``counted``: the lookup as the real
         policy counted it (its :attr:`FrequencyPolicy.counted`, just after its
         ``on_request``): the ghost reads those counts instead of counting again. Its
@@ -249,32 +270,48 @@ class FrequencyGhost:
                     if hits < len(tiers) else keys)
             pol.on_access_many(held, [name] * len(held), 0.0)
         if not plan.admit:
-            return hits
+            return (hits, []) if defer else hits
         new = [j for j in range(len(keys) - 1, -1, -1) if keys[j] in plan.admit]
+        if defer:
+            return hits, new
+        if new:
+            self.store(req, new, size, now)
+        return hits
+
+    def store(self, req: RequestInfo, new: list[int], size: int, now: float = 0.0) -> None:
+        """Store the positions ``new`` of ``req``'s keys the counts admitted (last
+        first), after their victims make room (the request's chain, and the chain it
+        continues, kept)."""
+        pol, name = self.policy, self.tier
+        tr = pol._t[name]
+        keys = req.keys
+        new = [j for j in new if keys[j] not in tr.at]
         if not new:
-            return hits
+            return
         need = len(new) * size - (tr.capacity - tr.used)
         children = self.children
         if need > 0:
+            own = set(keys)
+            if req.continues:
+                own.update(req.continues)
             shield = (self.retained.shield(tr.sizes, tr.capacity, now) if self.retained
                       else None)
-            for v in ghost_take(children, tr.order, set(keys), tr.sizes, need, shield):
-                tr.drop(v)
-                children.remove(v)
+            for v in ghost_take(children, tr.order, own, tr.sizes, need, shield):
+                if v in tr.at:
+                    tr.drop(v)
+                    children.remove(v)
         added = [keys[j] for j in new]
-        if (size > 0 and len(dict.fromkeys(added)) == len(added)
-                and not any(map(tr.at.__contains__, added))):
+        if size > 0 and len(dict.fromkeys(added)) == len(added):
             # Distinct newcomers (a chain's): each takes ``size``, so the first ones that
             # fit go in one call (the same inserts as the loop below, without a call each).
             fit = max(0, (tr.capacity - tr.used) // size)
             pol.on_insert_many([BlockInfo(k, size) for k in added[:fit]], name, 0.0)
             for j in new[:fit]:
                 children.add(keys[j], keys[j - 1] if j else None, size)
-            return hits
+            return
         for j in new:
             if tr.used + size > tr.capacity:
                 break
             if keys[j] not in tr.at:
                 children.add(keys[j], keys[j - 1] if j else None, size)
             pol.on_insert(BlockInfo(keys[j], size), name, 0.0)
-        return hits

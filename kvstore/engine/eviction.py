@@ -144,3 +144,8 @@ class EvictionManager:
         if self._later:
             self.settle()
         self.inner.on_retain(keys, until, now)
+
+    def on_stored(self, keys: Sequence[Hashable], now: float) -> None:
+        if self._later:
+            self.settle()
+        self.inner.on_stored(keys, now)

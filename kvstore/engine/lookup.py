@@ -110,7 +110,7 @@ class Lookups:
         hit_tiers += [None] * (len(keys) - nhit)
         req = replace(planner.request_info(namespace, keys, hit_tiers, session, wl, num_tokens),
                       then=then, tool=tool[:_MAX_TOOL_NAME], expected_gap_s=expected_gap_s,
-                      session_named=bool(session_id),
+                      session_named=bool(session_id), request_id=request_id,
                       engine_hit=(None if engine_hit_tokens is None else min(
                           len(keys), engine_hit_tokens // planner.geometry.of(namespace)[1])))
         plan = pl.policy.on_request(req, now)

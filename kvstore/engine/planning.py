@@ -95,6 +95,8 @@ class Planner:
             # (decode blocks saved under the request of an unnamed lookup are unnamed too).
             if not session_id and (opened is None or not opened.named):
                 req = replace(req, session_named=False)
+            if opened is not None:  # (decode blocks: the store keeps the chain they continue)
+                req = replace(req, continues=opened.keys, request_id=request_id)
             plan = self.placement.policy.on_request(req, now)
             self.sessions.used(session, keys, now)
             for i, k in zip(unplanned, keys, strict=True):
@@ -167,7 +169,9 @@ class Planner:
         index = pl.index
         held = [(k, e.tiers[0]) for k in self.sessions.keys(session)
                 if (e := index.get(k)) is not None]  # type: ignore[arg-type]
-        moves = pl.policy.on_hint(replace(hint, session_id=session), held, now)
+        moves = pl.policy.on_hint(replace(hint, session_id=session,
+                                          request_id=request_id if opened else None),
+                                  held, now)
         if hint.event == "session_end":
             free = set(self.sessions.end(session))
             moves = [m for m in moves if m.dst is not None or m.key in free]

@@ -189,8 +189,12 @@ class StorePipeline:
 
     # -- 4. finish ----------------------------------------------------------------------------
     def finish(self, op: StoreOp) -> None:
-        self.touch_tail_first(op.existing + op.placed)
-        self.placement.stats.puts += 1
+        entries = op.existing + op.placed
+        self.touch_tail_first(entries)
+        pl = self.placement
+        if entries:  # (the policy's models of the engine store the request's blocks now)
+            pl.policy.on_stored([e.key for e in entries], pl.clock())
+        pl.stats.puts += 1
 
     def touch_tail_first(self, entries: Sequence[Entry]) -> None:
         """Touch a chain's blocks last to first, as vLLM frees them: under pressure

@@ -113,8 +113,13 @@ def test_the_lru_ghost_evicts_as_the_engine_does_children_first() -> None:
     pol.on_request(RequestInfo([1, 2, 3], [None] * 3, "s", "chat", 1, 16, 16), 0.0)
     ghost = pol._ghost
     assert ghost is not None
-    pol.on_request(RequestInfo([4, 5], [None] * 2, "s", "chat", 1, 16, 16), 1.0)  # decode
-    pol.on_insert_many([BlockInfo(4, 1, 3), BlockInfo(5, 1, 4)], "dram", 1.0)  # their store
+    assert list(ghost.keys) == []  # (the ghosts store when the engine does)
+    pol.on_stored([1, 2, 3], 0.5)
+    pol.on_request(RequestInfo([4, 5], [None] * 2, "s", "chat", 1, 16, 16,
+                               continues=[1, 2, 3]), 1.0)  # decode
+    # their store: the engine says whose children they are before its store ends
+    pol.on_insert_many([BlockInfo(4, 1, 3), BlockInfo(5, 1, 4)], "dram", 1.0)
+    pol.on_stored([4, 5], 1.0)
     assert list(ghost.keys) == [3, 2, 1, 5, 4]  # (oldest first: 3, the prompt's last)
     ghost.request([9], 1, 2.0)  # one must go: 3's subtree gives its deepest leaf, 5
     assert list(ghost.keys) == [3, 2, 1, 4, 9]
@@ -179,6 +184,8 @@ def fill(pol: Policy, keys: list[int], session: str, now: float, then: str = "",
     admit = dict(pol.on_request(look(keys, session, then, tool), now).admit)
     for k, tier in admit.items():
         pol.on_insert(BlockInfo(k, B, None, session, "agent"), tier, now)
+    if admit:  # (the engine's store ends: the policy's ghosts store it too)
+        pol.on_stored(list(admit), now)
     return admit
 
 
@@ -262,3 +269,69 @@ def test_the_floor_is_the_bets_where_lru_loses_for_want_of_room() -> None:
     order = list(pol.victims("disk", (), 300.0))
     assert order == list(pol.bets.victims("disk", (), 300.0))
     assert order != list(pol.lru.victims("disk", (), 300.0))
+
+
+def test_a_link_learned_before_its_block_waits_for_it() -> None:
+    """A ghost waiting for the engine's store adds a request's decode blocks after the
+    engine said whose children they are: the link is kept until the block comes."""
+    from kvstore.policies.children import ChildIndex
+
+    idx = ChildIndex()
+    idx.add(1, None, 1)
+    idx.link(2, 1)  # (2 not held yet)
+    assert not idx.has_children(1)
+    idx.add(2, None, 1)
+    assert idx.has_children(1)
+    assert idx.take([1, 2], 1, ()) == [2]  # the child goes first
+
+
+def test_the_ghosts_store_when_the_engine_does() -> None:
+    """The ghosts play a lookup at once but store its blocks when the engine does (the
+    end of its prefill: ``on_stored``), or when a hint ends its request; where the
+    engine stores nothing (every block held), at once."""
+    pol = AdaptivePolicy([TierSpec("dram", 10)])
+    pol.on_request(RequestInfo([1, 2, 3], [None] * 3, "s", "chat", 1, 16, 16,
+                               request_id="a"), 0.0)
+    ghost = pol._ghost
+    assert ghost is not None and list(ghost.keys) == []
+    pol.on_request(RequestInfo([7, 8], [None] * 2, "t", "chat", 1, 16, 16,
+                               request_id="b"), 0.5)
+    pol.on_stored([1, 2, 3], 1.0)  # a's store (b's waits)
+    assert list(ghost.keys) == [3, 2, 1]
+    pol.on_hint(Hint("t", "turn_end", request_id="b"), [], 2.0)  # b ends, unstored
+    assert list(ghost.keys) == [3, 2, 1, 8, 7]
+    # every block held by the engine: nothing for it to store, the ghost stores now
+    pol.on_request(RequestInfo([4], ["dram"], "u", "chat", 1, 16, 16, request_id="c"), 3.0)
+    assert 4 in ghost.keys
+    # a decode store keeps the chain it continues
+    full = AdaptivePolicy([TierSpec("dram", 4)])
+    full.on_request(RequestInfo([1, 2, 3], [None] * 3, "s", "chat", 1, 16, 16), 0.0)
+    full.on_stored([1, 2, 3], 0.0)
+    g = full._ghost
+    assert g is not None
+    full.on_request(RequestInfo([5, 6], [None] * 2, "s", "chat", 1, 16, 16,
+                                continues=[1, 2, 3]), 1.0)
+    full.on_stored([5, 6], 1.0)
+    assert set(g.keys) == {1, 2, 3, 5}  # (its own tail cut, the prompt kept)
+
+
+def test_the_bets_hand_named_sessions_back_once_lrus_lead_is_proven() -> None:
+    """Two-way proof: proven bets place named sessions' blocks until LRU's lead over
+    their real hits is proven (``prove_back`` standard deviations of the paired
+    per-request difference), not on the first request that LRU would have hit more."""
+    pol = AdaptivePolicy([TierSpec("dram", 8)])
+    pol.proven = True  # (as if their ghost had shown a gain)
+    keys = [1, 2, 3, 4]
+
+    def lookup(now: float) -> None:  # the real tiers miss what the LRU ghost holds
+        pol.on_request(RequestInfo(keys, [None] * 4, "s", "chat", 1, 16, 16), now)
+        pol.on_stored(keys, now)
+
+    lookup(0.0)
+    lost = 0
+    while pol.proven and lost < 10:
+        lost += 1
+        lookup(float(lost))
+    assert not pol.proven and pol.handbacks == 1
+    assert lost == 3  # -12 blocks against 1.5 * sqrt(3 * 16): proven (-8 at two was not)
+    assert pol._bettor is pol.lru or pol.leader == "bets"

@@ -33,15 +33,28 @@ class _RefTier(CountTier):
 
 
 class _RefGhostLRU(LRUGhost):
-    def request(self, keys: Sequence[Hashable], size: int, now: float = 0.0) -> int:
+    def request(self, keys: Sequence[Hashable], size: int, now: float = 0.0,
+                own: Sequence[Hashable] = (), *, defer: bool = False) -> int:
         ghost = self.keys
         hits = 0
         for k in keys:
             if k not in ghost:
                 break
             hits += 1
+        if not defer:
+            self.lost = self.store(keys, 0, size, now, own)
+            return hits
+        for j in range(hits - 1, -1, -1):
+            ghost.move_to_end(keys[j])
+        self.lost = sum(1 for k in keys[hits:] if k in self.gone)
+        return hits
+
+    def store(self, keys: Sequence[Hashable], start: int, size: int, now: float = 0.0,
+              own: Sequence[Hashable] = ()) -> int:
+        ghost = self.keys
         lost = 0
-        for j in range(len(keys) - 1, -1, -1):
+        added = []
+        for j in range(len(keys) - 1, start - 1, -1):
             k = keys[j]
             if k in ghost:
                 ghost.move_to_end(k)
@@ -52,20 +65,26 @@ class _RefGhostLRU(LRUGhost):
                     self.gone_used -= n
                 self.used += size
                 ghost[k] = size
+                added.append(k)
                 self.children.add(k, keys[j - 1] if j else None, size)
         if self.used > self.capacity:
             # (the engine's eviction rule, shared: ghost_take)
             shield = (self.retained.shield(ghost, self.capacity, now) if self.retained
                       else None)
-            for k in ghost_take(self.children, lambda: list(ghost), set(keys), ghost,
-                                self.used - self.capacity, shield):
+            for k in ghost_take(self.children, lambda: list(ghost), set(keys) | set(own),
+                                ghost, self.used - self.capacity, shield):
+                if k in ghost:
+                    self._evict(k)
+        for k in added:
+            if self.used <= self.capacity:
+                break
+            if k in ghost:
                 self._evict(k)
         while self.used > self.capacity and ghost:
             self._evict(next(iter(ghost)))
         while self.gone_used > self.capacity and self.gone:
             self.gone_used -= self.gone.popitem(last=False)[1]
-        self.lost = lost
-        return hits
+        return lost
 
 
 class _RefCounts(ReuseCounts):
@@ -100,7 +119,7 @@ class _RefFrequencyGhost(FrequencyGhost):
         self.children = ChildIndex()
 
     def request(self, req: RequestInfo, size: int, counted: Counted | None = None,
-                now: float = 0.0) -> int:
+                now: float = 0.0, *, defer: bool = False) -> Any:
         pol, name = self.policy, self.tier
         tr = pol._t[name]
         keys = req.keys
@@ -118,23 +137,34 @@ class _RefFrequencyGhost(FrequencyGhost):
         pol.on_access_many([k for k in keys if k in tr.at], [name] * sum(
             1 for t in tiers if t is not None), 0.0)
         new = [j for j in range(len(keys) - 1, -1, -1) if keys[j] in plan.admit]
+        if defer:
+            return hits, new
+        if new:
+            self.store(req, new, size, now)
+        return hits
+
+    def store(self, req: RequestInfo, new: list[int], size: int, now: float = 0.0) -> None:
+        pol, name = self.policy, self.tier
+        tr = pol._t[name]
+        keys = req.keys
+        new = [j for j in new if keys[j] not in tr.at]
         if not new:
-            return hits
+            return
         need = len(new) * size - (tr.capacity - tr.used)
         if need > 0:
             shield = (self.retained.shield(tr.sizes, tr.capacity, now) if self.retained
                       else None)
-            for v in ghost_take(self.children, lambda: list(tr.order()), set(keys),
-                                tr.sizes, need, shield):
-                tr.drop(v)
-                self.children.remove(v)
+            for v in ghost_take(self.children, lambda: list(tr.order()),
+                                set(keys) | set(req.continues), tr.sizes, need, shield):
+                if v in tr.at:
+                    tr.drop(v)
+                    self.children.remove(v)
         for j in new:
             if tr.used + size > tr.capacity:
                 break
             if keys[j] not in tr.at:
                 self.children.add(keys[j], keys[j - 1] if j else None, size)
             pol.on_insert(BlockInfo(keys[j], size), name, 0.0)
-        return hits
 
 
 class _RefReturns(ReturnTimes):

@@ -50,6 +50,8 @@ def store(pol: Policy, r: RequestInfo, now: float = 0.0) -> dict[object, str]:
                           if v in used and v not in r.keys)
             pol.on_remove(victim, tier)
         pol.on_insert(r.info(j), tier, now)
+    if plan.admit:  # (the store ends: the adaptive policy's ghosts store it too)
+        pol.on_stored([k for k in r.keys if k in plan.admit], now)
     return dict(plan.admit)
 
 
