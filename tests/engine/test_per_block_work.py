@@ -214,7 +214,12 @@ async def test_a_first_lookup_of_a_stored_chain_runs_no_python_line_per_block() 
         await eng.close()
         return out
 
-    assert await lines_for(400) == await lines_for(40)
+    # One line of Python per block would be 360 more lines per call at 400 blocks; the
+    # guard's branches (a proof made at one size and not the other, a deferred
+    # bookkeeping pass run in one call and not the other) may differ by a few lines
+    # whatever the size: seen once as 750 against 740 in a full run, never alone.
+    many, few = await lines_for(400), await lines_for(40)
+    assert all(abs(a - b) <= 40 for a, b in zip(many, few, strict=True)), (many, few)
 
 
 def test_a_sessions_use_of_its_blocks_records_what_the_per_key_loop_did() -> None:
