@@ -217,11 +217,9 @@ def test_the_busy_lag_counts_work_that_holds_the_loop():
     assert asyncio.run(main()) >= 50  # a callback posted meanwhile waited for it
 
 
-def test_the_clients_commit_by_slot_id_alone(server, monkeypatch):
-    # The server says it takes the packed form; the clients then send slot ids and
-    # checksums in two packed arrays, not a descriptor message per block.
+def _seen_commits(monkeypatch: pytest.MonkeyPatch, plane: Any) -> list[list[Any]]:
+    """The slots of each commit the servicer hands the plane (descriptors or ids)."""
     seen: list[list[Any]] = []
-    plane = server.engine.plane
     orig = plane.commit
 
     async def commit(namespace: str, items: Any, *args: Any, **kw: Any) -> int:
@@ -229,6 +227,13 @@ def test_the_clients_commit_by_slot_id_alone(server, monkeypatch):
         return await orig(namespace, items, *args, **kw)
 
     monkeypatch.setattr(plane, "commit", commit)
+    return seen
+
+
+def test_the_clients_commit_by_slot_id_alone(server, monkeypatch):
+    # The server says it takes the packed form; the clients then send slot ids and
+    # checksums in two packed arrays, not a descriptor message per block.
+    seen = _seen_commits(monkeypatch, server.engine.plane)
     blocks = make_chain(6, 64 * KiB, seed=15)
     with KVStoreClient(server.address, shared_memory=True) as c:
         assert c.put("m", blocks) == 6
@@ -288,15 +293,7 @@ def test_a_client_of_a_server_without_the_packed_form_sends_descriptors(server, 
         return resp
 
     monkeypatch.setattr(KVStoreClient, "_call", older)
-    seen: list[list[Any]] = []
-    plane = server.engine.plane
-    orig = plane.commit
-
-    async def commit(namespace: str, items: Any, *args: Any, **kw: Any) -> int:
-        seen.append([desc for desc, _ in items])
-        return await orig(namespace, items, *args, **kw)
-
-    monkeypatch.setattr(plane, "commit", commit)
+    seen = _seen_commits(monkeypatch, server.engine.plane)
     blocks = make_chain(4, 64 * KiB, seed=17)
     with KVStoreClient(server.address, shared_memory=True) as c:
         assert c.put("m", blocks) == 4
