@@ -23,9 +23,10 @@ On named sessions, with one tier worth loading from, the bets place nothing unti
 they have shown on their own ghost (:class:`~kvstore.policies.shadow.WorkloadGhost`,
 keys only) that they would have hit more than the LRU ghost by ``prove`` standard
 deviations of the paired per-request difference, in blocks or per block (``proven``);
-until then LRU places the blocks, and from then the bets do until LRU's lead over
-them (the real hits against the LRU ghost's, in blocks) is proven at ``prove_back``
-standard deviations (a two-way proof:
+until then LRU places the blocks (unless a client says its session waits on a tool
+call: the traffic the bets were built for proves them first), and from then the bets
+do until LRU's lead over them (the real hits against the LRU ghost's, in blocks) is
+proven at ``prove_back`` standard deviations (a two-way proof:
 :mod:`~kvstore.policies.guard`). A
 guard that only measures the real tiers reacts after a loss, and one request can
 lose a returning session's whole chain: on the served grid's short traces

@@ -70,21 +70,27 @@ back (``shown``, at least ``-bank``) reach ``prove`` times the square root of th
 of its squared per-request differences (at least ``min_allowance``), or the same on
 per-block differences (each request's difference over its length, so that a few
 requests of hundreds of blocks do not make the whole variance): a one-sided test of
-the bets' gain at ``prove`` standard deviations (``proven``). From then the bets place
-them, until LRU's lead over them is proven, in blocks: their real prefix hits minus
-the LRU ghost's since they were proven (at most ``bank``) below ``-prove_back`` (1.5)
-times the square root of the sum of its squares (and ``-min_allowance``; below
-``prove``: at 2 a generated mix whose bets lose, tests/replay/test_adaptive_replay.py,
-ended 0.54 points below LRU, at 1.5 within 0.2; not per block: on the
-agent trace at DRAM 2,000 a per-block test handed back at the 104th request, where the
-bets' lead in blocks held). The trial's credit, the
-allowance and the probations are not used there. What that guarantees, as far as the
-ghosts count what LRU and the bets serve: while the bets place named sessions' blocks,
-their loss to LRU since they were proven stays within ``prove_back`` standard deviations
-of the paired per-request difference (plus the last request's difference), and they
-place again only after their ghost has shown a gain of that size; the trace's loss to
-LRU is bounded per lead by that, not by the allowance (which still bounds traffic
-without named sessions and two tiers or more).
+the bets' gain at ``prove`` standard deviations (``proven``). Their first proof may
+also come from the client: a named lookup whose turn, it says, ends in a tool call
+(``RequestInfo.then``) is the traffic the bets were built for (an agent's session
+waits on its tool, and its chain comes back within the tool's latency), so it proves
+them until a hand-back; after one, only their ghost does. On the agent trace behind
+an engine cache that saves the 146 requests the ghost took to prove them at DRAM
+1,000 (0.95 points); the hand-back below bounds what it costs where they lose.
+From then the bets place them, until LRU's lead over them is proven, in blocks: their
+real prefix hits minus the LRU ghost's since they were proven (at most ``bank``) below
+``-prove_back`` (1.5) times the square root of the sum of its squares (and
+``-min_allowance``; below ``prove``: at 2 a generated mix whose bets lose,
+tests/replay/test_adaptive_replay.py, ended 0.54 points below LRU, at 1.5 within 0.2;
+not per block: on the agent trace at DRAM 2,000 a per-block test handed back at the
+104th request, where the bets' lead in blocks held). The trial's credit, the allowance
+and the probations are not used there. What that guarantees, as far as the ghosts
+count what LRU and the bets serve: while the bets place named sessions' blocks, their
+loss to LRU since they were proven stays within ``prove_back`` standard deviations of
+the paired per-request difference (plus the last request's difference), and they place
+again only after their ghost has shown a gain of that size; the trace's loss to LRU is
+bounded per lead by that, not by the allowance (which still bounds traffic without
+named sessions and two tiers or more).
 
 The ghosts play the engine's stores as the engine makes them: a lookup is played when
 it comes, its store when the engine's ends (``Policy.on_stored``; or when a hint ends
@@ -412,6 +418,14 @@ class Guard:
             self._wghost.store(req, pend.w, size, now)
 
     # -- the score ----------------------------------------------------------------------
+    def _proven(self) -> None:
+        """The bets place named sessions' blocks from now."""
+        self.proven = True
+        self.proofs += 1
+        self._lead = self._lead_swing = 0.0
+        if self.leader == "bets" and self._trial is not None:
+            self._trial = (self.advantage, self._trial[1])  # the trial starts here
+
     def _start(self, block_bytes: int) -> LRUGhost:
         cap = sum(t.capacity_bytes for i, t in enumerate(self.tiers) if self._worth[i])
         self._size = max(block_bytes, 1)
@@ -501,6 +515,11 @@ class Guard:
             # (it plays every named lookup, proven or not: it must show a gain again
             # after a hand-back, and a ghost that rested would start that cold)
             w, pend.w = wghost.request(req, size, now, defer=True)
+            if not self.proven and not self.proofs and req.then == "tool_call":
+                # The client says the session waits on a tool: the traffic the bets
+                # were built for. That is their first proof; the hand-back's test is
+                # the same as after any other.
+                self._proven()
             if not self.proven:
                 s = w - g
                 self.shown_swing += s * s
@@ -513,11 +532,7 @@ class Guard:
                         or (self._shown_pb * self._mean_n >= self.min_allowance
                             and self._shown_pb >= self.prove
                             * math.sqrt(self._shown_pb_swing))):
-                    self.proven = True  # the bets place named sessions' blocks from now
-                    self.proofs += 1
-                    self._lead = self._lead_swing = 0.0
-                    if self.leader == "bets" and self._trial is not None:
-                        self._trial = (self.advantage, self._trial[1])  # the trial starts here
+                    self._proven()
         diff = self._served(req) - g
         self.swing += diff * diff
         self.advantage = min(self.advantage + diff, self._bank)

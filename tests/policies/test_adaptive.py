@@ -335,3 +335,27 @@ def test_the_bets_hand_named_sessions_back_once_lrus_lead_is_proven() -> None:
     assert not pol.proven and pol.handbacks == 1
     assert lost == 3  # -12 blocks against 1.5 * sqrt(3 * 16): proven (-8 at two was not)
     assert pol._bettor is pol.lru or pol.leader == "bets"
+
+
+def test_a_client_that_says_its_session_waits_on_a_tool_proves_the_bets_first() -> None:
+    """The first lookup whose client says the turn ends in a tool call (``then``) is
+    the bets' first proof: the traffic they were built for. Any other named lookup
+    leaves LRU placing until their ghost shows a gain, and after a hand-back the
+    statement proves nothing again (the ghost must)."""
+    chat = AdaptivePolicy([TierSpec("dram", 8)])
+    chat.on_request(RequestInfo([1, 2], [None] * 2, "s", "chat", 1, 16, 16,
+                                then="turn_end"), 0.0)
+    assert not chat.proven and chat.proofs == 0
+    pol = AdaptivePolicy([TierSpec("dram", 8)])
+    pol.on_request(RequestInfo([1, 2], [None] * 2, "s", "agent", 1, 16, 16,
+                               then="tool_call", tool="bash"), 0.0)
+    assert pol.proven and pol.proofs == 1
+    pol.proven = False  # (as after a hand-back)
+    pol.on_request(RequestInfo([1, 2, 3], [None] * 3, "s", "agent", 1, 16, 16,
+                               then="tool_call", tool="bash"), 1.0)
+    assert not pol.proven and pol.proofs == 1
+    # two tiers worth loading from: proven from the start, the statement changes nothing
+    two = AdaptivePolicy([TierSpec("dram", 8), TierSpec("disk", 64)])
+    two.on_request(RequestInfo([1, 2], [None] * 2, "s", "agent", 1, 16, 16,
+                               then="tool_call", tool="bash"), 0.0)
+    assert two.proven and two.proofs == 0
