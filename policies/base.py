@@ -72,7 +72,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Container, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Self
 
 if TYPE_CHECKING:
     from kvstore.policies.cost import CostModel
@@ -91,9 +91,12 @@ class TierSpec:
     read_bytes_per_s: float = 10e9
 
 
-@dataclass(frozen=True, slots=True)
-class BlockInfo:
-    """What a policy may know about a block when it is stored."""
+class BlockInfo(NamedTuple):
+    """What a policy may know about a block when it is stored.
+
+    A NamedTuple rather than a frozen dataclass (immutable and hashable either way):
+    one is built per stored block, on a commit's path and in the ghosts' stores, and a
+    frozen dataclass takes 1.5 us to build here against 0.3 for a tuple."""
 
     key: Hashable
     size: int
