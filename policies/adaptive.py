@@ -92,8 +92,9 @@ from kvstore.policies.base import (
 )
 from kvstore.policies.cost import CostModel
 from kvstore.policies.frequency import FrequencyPolicy
-from kvstore.policies.guard import Guard, LRUGhost, _Pending
+from kvstore.policies.guard import Guard, LRUGhost
 from kvstore.policies.lru import LRUPolicy
+from kvstore.policies.pending import PendingStores
 from kvstore.policies.shadow import FrequencyGhost, Retained, WorkloadGhost
 from kvstore.policies.workload import WorkloadPolicy
 
@@ -203,12 +204,8 @@ class AdaptivePolicy(Guard, Policy):
         self._backoff = 1  # probation length, in windows
         self._left = 0.0  # lookups left in the current probation or trial
         self._size = 1
-        #: the ghosts' stores of the lookups whose engine stores have not come yet: the
-        #: last lookup's, those waiting (oldest first), by session and by key
-        self._pend: _Pending | None = None
-        self._pending: dict[_Pending, None] = {}
-        self._by_request: dict[tuple[Hashable, Hashable], list[_Pending]] = {}
-        self._by_key: dict[Hashable, list[_Pending]] = {}
+        #: the ghosts' stores of the lookups whose engine stores have not come yet
+        self._stores = PendingStores()
         #: the two-way proof: the bets' real hits minus the LRU ghost's since they were
         #: last proven (at most the bank) and the sum of its squares; the bets' ghost's
         #: lead per block (each request's over its length) and its squares; named
@@ -251,11 +248,12 @@ class AdaptivePolicy(Guard, Policy):
 
     def on_request(self, req: RequestInfo, now: float) -> Plan:
         plan = self._plan(req, now)
-        self._hold(bool(plan.admit))  # (the ghosts store when the engine does)
+        # (the ghosts store when the engine does)
+        self._stores.hold(bool(plan.admit), self._play_stores)
         return plan
 
     def on_stored(self, keys: Sequence[Hashable], now: float) -> None:
-        self.stored(keys, now)
+        self._stores.stored(keys, now, self._play_stores)
 
     def _plan(self, req: RequestInfo, now: float) -> Plan:
         freq = self.freq.on_request(req, now)  # first: the counts' ghost reads its counts
@@ -294,7 +292,7 @@ class AdaptivePolicy(Guard, Policy):
         return dst
 
     def on_hint(self, hint: Hint, keys: Sequence[tuple[Hashable, str]], now: float) -> list[Move]:
-        self._flush(hint, now)  # (its request has ended)
+        self._stores.flush(hint, now, self._play_stores)  # (its request has ended)
         moves = self.bets.on_hint(hint, keys, now)  # it learns from every hint
         if self._wghost is not None:  # (its ghost too: one tier, it moves nothing)
             self._wghost.policy.on_hint(hint, (), now)

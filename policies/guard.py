@@ -100,7 +100,8 @@ the LRU ghost counted LRU 12-13 points short on the agent trace behind an engine
 and flattered the bets by as much (``scripts/ghost_error.py``); with those exact ghosts
 the bets' lead on the agent trace, carried by requests of hundreds of blocks, takes
 hundreds of requests to prove, and a hand-back on the score alone (the allowance)
-handed the lead back and forth (see docs/benchmarks/replay.md).
+handed the lead back and forth (see docs/benchmarks/replay.md). The stores that wait
+for the engine's are kept by :class:`~kvstore.policies.pending.PendingStores`.
 
 Pure: no clock, no I/O.
 """
@@ -112,7 +113,7 @@ from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
-from kvstore.policies.base import BlockInfo, Hint, RequestInfo
+from kvstore.policies.base import RequestInfo
 from kvstore.policies.children import ChildIndex, ghost_take
 from kvstore.policies.lru import _at_the_end
 from kvstore.policies.shadow import FrequencyGhost, Retained, WorkloadGhost
@@ -121,6 +122,7 @@ if TYPE_CHECKING:
     from kvstore.policies.base import TierSpec
     from kvstore.policies.cost import CostModel
     from kvstore.policies.frequency import FrequencyPolicy
+    from kvstore.policies.pending import LookupStores, PendingStores
 
 __all__ = ["Guard", "LRUGhost"]
 
@@ -150,34 +152,44 @@ class LRUGhost:
         self.lost = 0
 
     def request(self, keys: Sequence[Hashable], size: int, now: float = 0.0,
-                own: Sequence[Hashable] = (), *, defer: bool = False) -> int:
-        """Play one lookup as LRU would; returns its prefix hits. With ``defer`` only the
-        lookup (its hits touched, tail first): the store of the rest waits for
-        :meth:`store` (the engine stores a request's blocks when its prefill ends).
+                own: Sequence[Hashable] = ()) -> int:
+        """Play one lookup and its store at once, as LRU would; returns its prefix hits.
         ``own``: more keys the store keeps (the chain a request's decode blocks
         continue)."""
+        hits = self._prefix(keys)
+        if hits < len(keys):
+            self.lost = self.store(keys, 0, size, now, own)
+        return hits
+
+    def lookup(self, keys: Sequence[Hashable]) -> int:
+        """Play one lookup alone (its hits touched, tail first); returns its prefix hits.
+        The store of the rest waits for :meth:`store` (the engine stores a request's
+        blocks when its prefill ends)."""
+        hits = self._prefix(keys)
+        if hits < len(keys):
+            deque(map(self.keys.move_to_end, reversed(keys[:hits])), 0)
+            gone = self.gone
+            self.lost = sum(map(gone.__contains__, keys[hits:])) if gone else 0
+        return hits
+
+    def _prefix(self, keys: Sequence[Hashable]) -> int:
+        """The prefix hits of ``keys``. All held: each touched, last block first, and
+        ``lost`` 0 (there is nothing to store); else nothing is touched."""
         ghost = self.keys
-        move = ghost.move_to_end
         if keys and _at_the_end(ghost, keys[::-1]):  # the last lookup's, again: nothing
             self.lost = 0  # to move
             return len(keys)
         try:  # all held: each touched, last block first, in one pass
-            deque(map(move, reversed(keys)), 0)
+            deque(map(ghost.move_to_end, reversed(keys)), 0)
             self.lost = 0
             return len(keys)
         except KeyError:
-            pass  # one not held: the loops below make every move again, in order
+            pass  # one not held: the caller makes every move again, in order
         hits = 0
         for k in keys:
             if k not in ghost:
                 break
             hits += 1
-        if defer:
-            deque(map(move, reversed(keys[:hits])), 0)
-            gone = self.gone
-            self.lost = sum(map(gone.__contains__, keys[hits:])) if gone else 0
-            return hits
-        self.lost = self.store(keys, 0, size, now, own)
         return hits
 
     def store(self, keys: Sequence[Hashable], start: int, size: int, now: float = 0.0,
@@ -235,35 +247,6 @@ class LRUGhost:
         self.gone_used += n
 
 
-
-#: At most this many lookups' ghost stores wait for the engine's (the oldest is made
-#: first past it)
-_MAX_PENDING = 1 << 12
-
-
-class _Pending:
-    """A lookup's ghost stores, waiting for the engine's: the request, its block size,
-    the LRU ghost's hits (it stores the rest), the counts' and the bets' ghosts' blocks
-    to store (None: not played)."""
-
-    __slots__ = ("done", "f", "g", "now", "req", "size", "w")
-
-    def __init__(self, req: RequestInfo, size: int, g: int) -> None:
-        self.req = req
-        self.size = size
-        self.g = g
-        self.f: list[int] | None = None
-        self.w: list[BlockInfo] | None = None
-        self.done = False
-        self.now = 0.0
-
-    def any(self) -> bool:
-        return self.g < len(self.req.keys) or bool(self.f) or bool(self.w)
-
-    def __hash__(self) -> int:
-        return id(self)
-
-
 class Guard:
     """The score and who leads, a part of
     :class:`~kvstore.policies.adaptive.AdaptivePolicy`."""
@@ -312,10 +295,7 @@ class Guard:
         _backoff: int
         _left: float
         _size: int
-        _pend: _Pending | None
-        _pending: dict[_Pending, None]
-        _by_request: dict[tuple[Hashable, Hashable], list[_Pending]]
-        _by_key: dict[Hashable, list[_Pending]]
+        _stores: PendingStores
         _lead: float
         _lead_swing: float
         _shown_pb: float
@@ -326,89 +306,12 @@ class Guard:
         handbacks: int
 
     # -- the ghosts' stores, played when the engine's are ------------------------------
-    def _hold(self, plan_admits: bool) -> None:
-        """The lookup just played (``_pend``): its ghosts' stores wait for the engine's
-        (:meth:`stored`) or for the hint that ends its request; they are made at once
-        where the engine stores nothing (every block held, or nothing admitted)."""
-        pend = self._pend
-        if pend is None:
-            return
-        self._pend = None
-        if not pend.any():
-            return
+    def _play_stores(self, pend: LookupStores, now: float) -> None:
+        """Make one lookup's ghost stores: the ``play`` handed to ``_stores``
+        (:class:`~kvstore.policies.pending.PendingStores`), which calls it when the
+        engine's store ends, when a hint ends the request, or at once where the engine
+        stores nothing."""
         req = pend.req
-        tiers = req.hit_tiers
-        if None not in tiers or not plan_admits:
-            self._store(pend, pend.now)
-            return
-        self._pending[pend] = None
-        self._by_request.setdefault((req.session_id, req.request_id), []).append(pend)
-        by_key = self._by_key
-        for k in req.keys[tiers.index(None):]:
-            got = by_key.get(k)
-            if got is None:
-                by_key[k] = [pend]
-            else:
-                got.append(pend)
-        while len(self._pending) > _MAX_PENDING:
-            self._store(next(iter(self._pending)), pend.now)
-
-    def stored(self, keys: Sequence[Hashable], now: float) -> None:
-        """The engine stored ``keys`` (one request's): the waiting ghost stores of the
-        lookup they came from (the one that waits on most of them, the oldest at a tie)
-        are made now."""
-        by_key = self._by_key
-        if not by_key:
-            return
-        votes: dict[_Pending, int] = {}
-        for k in keys:
-            got = by_key.get(k)
-            if got is not None:
-                for p in got:
-                    votes[p] = votes.get(p, 0) + 1
-        if votes:
-            best = max(votes.values())
-            for p in self._pending:  # (oldest first)
-                if votes.get(p) == best:
-                    self._store(p, now)
-                    return
-
-    def _flush(self, hint: Hint, now: float) -> None:
-        """The hint ends its request (one of its session's, without a request id):
-        the ghost stores still waiting for it are made now."""
-        by_request = self._by_request
-        if not by_request:
-            return
-        if hint.request_id is not None:
-            got = by_request.get((hint.session_id, hint.request_id))
-        else:
-            got = [p for p in self._pending if p.req.session_id == hint.session_id]
-        if got:
-            for p in list(got):
-                self._store(p, now)
-
-    def _store(self, pend: _Pending, now: float) -> None:
-        if pend.done:
-            return
-        pend.done = True
-        req = pend.req
-        if pend in self._pending:
-            del self._pending[pend]
-            rk = (req.session_id, req.request_id)
-            got = self._by_request.get(rk)
-            if got is not None:
-                if pend in got:
-                    got.remove(pend)
-                if not got:
-                    del self._by_request[rk]
-            by_key = self._by_key
-            for k in req.keys[req.hit_tiers.index(None):]:
-                lst = by_key.get(k)
-                if lst is not None:
-                    if pend in lst:
-                        lst.remove(pend)
-                    if not lst:
-                        del by_key[k]
         size = pend.size
         if pend.g < len(req.keys) and self._ghost is not None:
             self._ghost.store(req.keys, pend.g, size, now, req.continues)
@@ -489,14 +392,12 @@ class Guard:
             ghost = self._start(req.block_bytes)
         n = len(req.keys)
         size = req.block_bytes or self._size
-        g = ghost.request(req.keys, size, now, req.continues, defer=True)
-        pend = _Pending(req, size, g)
-        pend.now = now
-        self._pend = pend
+        g = ghost.lookup(req.keys)  # (its stores wait for the engine's: _stores)
+        pend = self._stores.add(req, size, g, now)
         self._left -= n
         d = math.exp(-n / self._span)
         if not req.session_named and self._fghost is not None:
-            f, pend.f = self._fghost.request(req, size, self.freq.counted, now, defer=True)
+            f, pend.f = self._fghost.lookup(req, size, self.freq.counted)
             self.count_advantage = self.count_advantage * d + f - g
         self.room_lost = self.room_lost * d + ghost.lost
         self.looked = self.looked * d + n
@@ -514,7 +415,7 @@ class Guard:
                 self._mean_n += (n - self._mean_n) / min(self._named, 1024)
             # (it plays every named lookup, proven or not: it must show a gain again
             # after a hand-back, and a ghost that rested would start that cold)
-            w, pend.w = wghost.request(req, size, now, defer=True)
+            w, pend.w = wghost.lookup(req, size, now)
             if not self.proven and not self.proofs and req.then == "tool_call":
                 # The client says the session waits on a tool: the traffic the bets
                 # were built for. That is their first proof; the hand-back's test is
@@ -555,7 +456,8 @@ class Guard:
         if self.leader == "bets":
             if self.advantage < self._floor():  # lost
                 self.leader = "lru"
-                self.handbacks += self.proven and self._wghost is not None
+                if self.proven and self._wghost is not None:
+                    self.handbacks += 1
                 self.proven = False  # the bets' ghost shows a gain again before they place
                 self.shown = min(self.shown, 0.0)
                 self.shown_swing = 0

@@ -23,13 +23,14 @@ engine cache the LRU ghost counted LRU up to 8 points short on reasoning traces.
 They play the engine's store as it is made (measured by ``scripts/ghost_error.py``;
 see docs/benchmarks/replay.md): a store of a request's decode blocks keeps the chain they
 continue (``RequestInfo.continues``, set by the engine), and a ghost's store waits for
-the engine's (``request(..., defer=True)`` plays the lookup alone; ``store`` stores
-later: the adaptive policy calls it when the engine's store ends, ``Policy.on_stored``,
-when a hint ends the request, or at once where the engine stores nothing), as the
-engine stores a request's blocks when its prefill ends (a minute later for the agent
-trace's long prompts, while other requests look up and store). Before, the bets' ghost
-counted the bets 1 to 15 points short on the served grid's reasoning traces, and on the
-agent trace behind an engine of 500 blocks the LRU ghost counted LRU 13.5 / 12.2 / 0.2
+the engine's (``lookup`` plays the lookup alone, ``request`` the lookup and its store at
+once; ``store`` stores later: the adaptive policy calls it when the engine's store ends,
+``Policy.on_stored``, when a hint ends the request, or at once where the engine stores
+nothing, :class:`~kvstore.policies.pending.PendingStores`), as the engine stores a
+request's blocks when its prefill ends (a minute later for the agent trace's long
+prompts, while other requests look up and store). Before, the bets' ghost counted the
+bets 1 to 15 points short on the served grid's reasoning traces, and on the agent trace
+behind an engine of 500 blocks the LRU ghost counted LRU 13.5 / 12.2 / 0.2
 points short at DRAM 1,000 / 2,000 / 5,000; now within about a point.
 
 Every ghost (these two and the guard's LRU ghost) plays the engine's retention shield
@@ -160,13 +161,21 @@ class WorkloadGhost:
         self.hits = 0
         self.policy = WorkloadPolicy([TierSpec(self.tier, capacity)], cost, **options)
 
-    def request(self, req: RequestInfo, size: int, now: float, *, defer: bool = False
-                ) -> int | tuple[int, list[BlockInfo]]:
-        """Play one lookup at ``now``; returns its prefix hits. A lookup of a chain the
-        ghost holds runs no Python line per block (C-level passes); the store of new
-        blocks does (the policy's inserts), as the engine's commit does. With ``defer``
-        returns the hits and the blocks to store, which :meth:`store` stores later (the
-        engine stores them when the request's prefill ends)."""
+    def request(self, req: RequestInfo, size: int, now: float) -> int:
+        """Play one lookup at ``now`` and store its blocks at once; returns its prefix
+        hits."""
+        hits, infos = self.lookup(req, size, now)
+        if infos:
+            self.store(req, infos, size, now)
+        return hits
+
+    def lookup(self, req: RequestInfo, size: int, now: float
+               ) -> tuple[int, list[BlockInfo]]:
+        """Play one lookup at ``now`` alone; returns its prefix hits and the blocks to
+        store, which :meth:`store` stores later (the engine stores them when the
+        request's prefill ends). A lookup of a chain the ghost holds runs no Python line
+        per block (C-level passes); the store of new blocks does (the policy's inserts),
+        as the engine's commit does."""
         pol, name = self.policy, self.tier
         tr = pol._t[name]
         keys = req.keys
@@ -190,11 +199,7 @@ class WorkloadGhost:
             end = ok.index(False) if False in ok else len(ok)
             new = list(compress(range(hits, hits + end), map(not_, held[hits:hits + end])))
             infos = list(map(req.info, new))
-        if defer:
-            return hits, infos
-        if infos:
-            self.store(req, infos, size, now)
-        return hits
+        return hits, infos
 
     def store(self, req: RequestInfo, infos: list[BlockInfo], size: int, now: float) -> None:
         """Store the blocks a lookup of ``req`` said to store (those not held by now),
@@ -237,7 +242,7 @@ class FrequencyGhost:
 
     def __init__(self, capacity: int, reset: float = 20.0,
                  retained: Retained | None = None) -> None:
-        self.tier = "ghost"
+        self.tier = _NAME
         #: its blocks' chains: victims go as the engine takes them
         self.children = ChildIndex()
         #: what clients retained (the engine's shield played on the ghost), or None
@@ -245,12 +250,23 @@ class FrequencyGhost:
         self.policy = FrequencyPolicy([TierSpec(self.tier, capacity)], reset=reset)
 
     def request(self, req: RequestInfo, size: int, counted: Counted | None = None,
-                now: float = 0.0, *, defer: bool = False) -> int | tuple[int, list[int]]:
-        """Play one lookup; returns its prefix hits. ``counted``: the lookup as the real
-        policy counted it (its :attr:`FrequencyPolicy.counted`, just after its
-        ``on_request``): the ghost reads those counts instead of counting again. Its
-        counts are then the real policy's, lookups it does not play included. ``now``:
-        the lookup's time, for the retention shield only (the counts keep no time)."""
+                now: float = 0.0) -> int:
+        """Play one lookup and store what the counts admit at once; returns its prefix
+        hits. ``counted``: as for :meth:`lookup`. ``now``: the lookup's time, for the
+        retention shield only (the counts keep no time)."""
+        hits, new = self.lookup(req, size, counted)
+        if new:
+            self.store(req, new, size, now)
+        return hits
+
+    def lookup(self, req: RequestInfo, size: int, counted: Counted | None = None
+               ) -> tuple[int, list[int]]:
+        """Play one lookup alone; returns its prefix hits and the positions of the keys
+        the counts admitted (last first), which :meth:`store` stores later. ``counted``:
+        the lookup as the real policy counted it (its :attr:`FrequencyPolicy.counted`,
+        just after its ``on_request``): the ghost reads those counts instead of counting
+        again. Its counts are then the real policy's, lookups it does not play
+        included."""
         pol, name = self.policy, self.tier
         tr = pol._t[name]
         keys = req.keys
@@ -270,13 +286,8 @@ class FrequencyGhost:
                     if hits < len(tiers) else keys)
             pol.on_access_many(held, [name] * len(held), 0.0)
         if not plan.admit:
-            return (hits, []) if defer else hits
-        new = [j for j in range(len(keys) - 1, -1, -1) if keys[j] in plan.admit]
-        if defer:
-            return hits, new
-        if new:
-            self.store(req, new, size, now)
-        return hits
+            return hits, []
+        return hits, [j for j in range(len(keys) - 1, -1, -1) if keys[j] in plan.admit]
 
     def store(self, req: RequestInfo, new: list[int], size: int, now: float = 0.0) -> None:
         """Store the positions ``new`` of ``req``'s keys the counts admitted (last

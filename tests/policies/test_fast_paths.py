@@ -33,19 +33,24 @@ class _RefTier(CountTier):
 
 
 class _RefGhostLRU(LRUGhost):
-    def request(self, keys: Sequence[Hashable], size: int, now: float = 0.0,
-                own: Sequence[Hashable] = (), *, defer: bool = False) -> int:
-        ghost = self.keys
+    def _hits(self, keys: Sequence[Hashable]) -> int:
         hits = 0
         for k in keys:
-            if k not in ghost:
+            if k not in self.keys:
                 break
             hits += 1
-        if not defer:
-            self.lost = self.store(keys, 0, size, now, own)
-            return hits
+        return hits
+
+    def request(self, keys: Sequence[Hashable], size: int, now: float = 0.0,
+                own: Sequence[Hashable] = ()) -> int:
+        hits = self._hits(keys)
+        self.lost = self.store(keys, 0, size, now, own)
+        return hits
+
+    def lookup(self, keys: Sequence[Hashable]) -> int:
+        hits = self._hits(keys)
         for j in range(hits - 1, -1, -1):
-            ghost.move_to_end(keys[j])
+            self.keys.move_to_end(keys[j])
         self.lost = sum(1 for k in keys[hits:] if k in self.gone)
         return hits
 
@@ -119,7 +124,14 @@ class _RefFrequencyGhost(FrequencyGhost):
         self.children = ChildIndex()
 
     def request(self, req: RequestInfo, size: int, counted: Counted | None = None,
-                now: float = 0.0, *, defer: bool = False) -> Any:
+                now: float = 0.0) -> int:
+        hits, new = self.lookup(req, size, counted)
+        if new:
+            self.store(req, new, size, now)
+        return hits
+
+    def lookup(self, req: RequestInfo, size: int, counted: Counted | None = None
+               ) -> tuple[int, list[int]]:
         pol, name = self.policy, self.tier
         tr = pol._t[name]
         keys = req.keys
@@ -136,12 +148,7 @@ class _RefFrequencyGhost(FrequencyGhost):
                 else pol.on_counted(info, Counted(counted.counts, None, None)))
         pol.on_access_many([k for k in keys if k in tr.at], [name] * sum(
             1 for t in tiers if t is not None), 0.0)
-        new = [j for j in range(len(keys) - 1, -1, -1) if keys[j] in plan.admit]
-        if defer:
-            return hits, new
-        if new:
-            self.store(req, new, size, now)
-        return hits
+        return hits, [j for j in range(len(keys) - 1, -1, -1) if keys[j] in plan.admit]
 
     def store(self, req: RequestInfo, new: list[int], size: int, now: float = 0.0) -> None:
         pol, name = self.policy, self.tier
