@@ -3,7 +3,7 @@
 (:class:`~kvstore.policies.shadow.FrequencyGhost`).
 
 * :class:`ReuseCounts`: how many lookups each key was in, aged as TinyLFU's counts
-  are (every count halved after a period of counted keys).
+  are (every count halved after a period of counted keys, weighed by their size).
 * :class:`Counted`: one lookup's count pass, shared by the policy and its ghost so a
   lookup is counted once.
 * :class:`CountTier`: one tier's blocks filed by count, least recently used first
@@ -24,6 +24,12 @@ __all__ = ["CountTier", "Counted", "ReuseCounts", "zero_count"]
 
 class ReuseCounts:
     """How many lookups each key was in, halved every ``period`` counted keys.
+
+    Each counted key weighs its ``weight`` (the policy's: its block's bytes), so the
+    period is a number of bytes looked up and does not depend on which block size came
+    first (a server holds namespaces of several sizes: sized in blocks of the first
+    lookup's 1 MiB, a period meant for 4 KiB blocks went by 256 times too fast, and each
+    halving refiled every stored block before the lookup's answer).
 
     A plain dict in the order the keys were last counted (a counted key is popped and
     set again): C-level passes a third cheaper than an ``OrderedDict``'s get, update
@@ -48,16 +54,17 @@ class ReuseCounts:
     def __len__(self) -> int:
         return len(self._counts)
 
-    def add(self, keys: Sequence[Hashable]) -> bool:
-        """Count one lookup of ``keys``; True when it aged every count (halved them)."""
+    def add(self, keys: Sequence[Hashable], weight: int = 1) -> bool:
+        """Count one lookup of ``keys``, each weighing ``weight``; True when it aged every
+        count (halved them)."""
         counts = self._counts
         pop = counts.pop
         for k in keys:  # (a key twice is counted twice, the last count its last)
             counts[k] = pop(k, 0) + 1
         self._bound()
-        return self._aged(len(keys))
+        return self._aged(len(keys) * weight)
 
-    def add_distinct(self, keys: Sequence[Hashable]) -> list[int] | None:
+    def add_distinct(self, keys: Sequence[Hashable], weight: int = 1) -> list[int] | None:
         """:meth:`add` of distinct ``keys`` in C-level passes: their counts after it, in
         order, or None when it aged every count (the halved counts: read them afresh).
         The same counts and order as :meth:`add` (each key popped and set again: with no
@@ -66,7 +73,7 @@ class ReuseCounts:
         news = list(map(PLUS_ONE, map(counts.pop, keys, repeat(0))))
         counts.update(zip(keys, news, strict=True))
         self._bound()
-        return None if self._aged(len(keys)) else news
+        return None if self._aged(len(keys) * weight) else news
 
     def _bound(self) -> None:
         """Forget the least recently counted keys past ``max_tracked``, in one pass from
@@ -130,6 +137,12 @@ class CountTier:
         if new is None:
             new = self.buckets[count] = {}
         new[key] = None
+
+    def refile_all(self, count: Callable[[Hashable, int], int]) -> None:
+        """Every key filed again under ``count(key, 0)`` (after the counts were halved),
+        in the order they were first filed."""
+        for k in list(self.at):
+            self.file(k, count(k, 0))
 
     def file_many(self, keys: Sequence[Hashable], count: Callable[[Hashable, int], int],
                   distinct: dict[Hashable, None] | None = None,

@@ -9,7 +9,8 @@ return gaps are minutes, longer than a small tier keeps anything under LRU.
 
 * Every lookup counts each of its keys once
   (:class:`~kvstore.policies.counts.ReuseCounts`). Counts age, as TinyLFU's do:
-  after ``reset`` capacities of looked-up blocks every count is halved (and the
+  after ``reset`` capacities of looked-up blocks (counted in bytes, so namespaces
+  of several block sizes age them alike) every count is halved (and the
   ones are forgotten), so what was popular an hour ago yields to what is popular
   now, and memory stays bounded by about ``reset`` capacities of keys (a hard cap,
   ``max_tracked``, forgets the least recently counted first).
@@ -79,10 +80,11 @@ class FrequencyPolicy(Policy):
         return self.counts[key] if self.counts is not None else 0
 
     def _counts(self, block_bytes: int) -> ReuseCounts:
+        """The counts, made at the first lookup whose blocks have a size: their period is
+        ``reset`` capacities in bytes (each counted key weighs its block's bytes)."""
         if self.counts is None:
             cap = sum(t.capacity_bytes for i, t in enumerate(self.tiers) if self._worth[i])
-            blocks = max(1, cap // max(block_bytes, 1))
-            self.counts = ReuseCounts(max(1, round(self.reset * blocks)), self.max_tracked)
+            self.counts = ReuseCounts(max(1, round(self.reset * cap)), self.max_tracked)
         return self.counts
 
     # -- requests -----------------------------------------------------------------------
@@ -98,11 +100,11 @@ class FrequencyPolicy(Policy):
         distinct = dict.fromkeys(keys) if counts is not None and len(keys) > 1 else None
         news: list[int] | None = None
         if counts is not None and distinct is not None and len(distinct) == len(keys):
-            news = counts.add_distinct(keys)
+            news = counts.add_distinct(keys, req.block_bytes)
         else:
             distinct = None
             if counts is not None:
-                counts.add(keys)
+                counts.add(keys, req.block_bytes)
         self.counted = Counted(counts, distinct if news is not None else None, news)
         return self._plan(req, self.counted)
 
@@ -123,9 +125,9 @@ class FrequencyPolicy(Policy):
         halved = counts is not None and counts.halvings != self._halvings
         if halved and counts is not None:
             self._halvings = counts.halvings
+            get = counts._counts.get
             for tr in self._t.values():  # every count halved: refile what is stored
-                for k in list(tr.at):
-                    tr.file(k, counts[k])
+                tr.refile_all(get)
         elif counts is not None:
             all_hit = None not in req.hit_tiers and len(keys) == len(req.hit_tiers)
             hit = (keys if all_hit else

@@ -95,8 +95,8 @@ class _RefGhostLRU(LRUGhost):
 class _RefCounts(ReuseCounts):
     """Every add the per-key loop."""
 
-    def add_distinct(self, keys: Sequence[Hashable]) -> list[int] | None:
-        return None if self.add(keys) else [self[k] for k in keys]
+    def add_distinct(self, keys: Sequence[Hashable], weight: int = 1) -> list[int] | None:
+        return None if self.add(keys, weight) else [self[k] for k in keys]
 
 
 class _RefFrequency(FrequencyPolicy):

@@ -29,6 +29,39 @@ def test_counts_are_bounded() -> None:
         ReuseCounts(period=0)
 
 
+def test_the_counts_age_by_bytes_looked_up_whatever_block_size_came_first() -> None:
+    """A server holds namespaces of several block sizes. The counts halve after
+    ``reset`` capacities of looked-up bytes: a first lookup of 1 MiB blocks does not
+    size the period for them (sized in its blocks, the period was 6 keys, and every
+    lookup of 4 KiB blocks after it halved every count and refiled every stored block)."""
+    kib4, mib = 4096, 1 << 20
+    pol = FrequencyPolicy([TierSpec("dram", 1000 * kib4, 20e9)], reset=2.0)
+
+    def look(keys: list[object], size: int) -> None:
+        pol.on_request(RequestInfo(keys, [None] * len(keys), "", "chat", size, 16, 16), 0.0)
+
+    look(["big"], mib)
+    counts = pol.counts
+    assert counts is not None and counts.period == 2 * 1000 * kib4
+    # 8,192,000 bytes a period: the 1 MiB block, then 17 lookups of 100 x 4 KiB
+    # (7,991,296 bytes in all) leave it unaged; the 18th ages it.
+    for i in range(17):
+        look([("small", i, j) for j in range(100)], kib4)
+    assert counts.halvings == 0
+    look([("small", 17, j) for j in range(100)], kib4)
+    assert counts.halvings == 1
+
+
+def test_halving_keeps_the_counts_order_and_forgets_the_ones() -> None:
+    c = ReuseCounts(period=10)
+    c.add(["a", "b", "c"])
+    c.add(["c", "a"])
+    c.add(["d", "a"])
+    c.add(["a"], weight=3)  # 10 counted: halved
+    assert c.halvings == 1
+    assert list(c._counts.items()) == [("c", 1), ("a", 2)]
+
+
 def req(keys: list[int], hits: list[str | None] | None = None, session: object = "",
         named: bool = False) -> RequestInfo:
     return RequestInfo(keys, hits or [None] * len(keys), session, "chat", B, 512, 512,
