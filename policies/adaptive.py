@@ -187,7 +187,7 @@ class AdaptivePolicy(Guard, Policy):
         self.shown = 0.0
         self.shown_swing = 0
         self.proven = False
-        self._span = 1.0  # the score window, in looked-up blocks
+        self._span = 1.0  # the score window, in looked-up bytes
         self._blocks = 1  # the ghosts' capacity, in blocks
         self._bank = 0.0  # blocks
         self._credit = 0.0  # blocks
@@ -202,7 +202,7 @@ class AdaptivePolicy(Guard, Policy):
         self.leader = "bets"
         self.switches = 0
         self._backoff = 1  # probation length, in windows
-        self._left = 0.0  # lookups left in the current probation or trial
+        self._left = 0.0  # bytes to look up left in the current probation or trial
         self._size = 1
         #: the ghosts' stores of the lookups whose engine stores have not come yet
         self._stores = PendingStores()

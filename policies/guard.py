@@ -341,7 +341,11 @@ class Guard:
         else:  # (the floor keeps LRU's hits; the bets' worth is which tier: no ghost sees it)
             self.proven = True
         blocks = self._blocks = max(1, cap // self._size)
-        self._span = self.window * blocks
+        # The window is traffic, so it is counted in bytes looked up: in blocks of the
+        # first lookup's size, a server whose first namespace had 1 MiB blocks closed a
+        # window of 4 KiB lookups 256 times too soon. (The score's bank and credit are
+        # hit blocks, sized by the first lookup's size.)
+        self._span = self.window * cap
         self._bank = self.bank * blocks
         self._credit = self.credit * blocks
         self._trial = (0.0, self._credit)  # the first trial's credit (named sessions)
@@ -394,8 +398,8 @@ class Guard:
         size = req.block_bytes or self._size
         g = ghost.lookup(req.keys)  # (its stores wait for the engine's: _stores)
         pend = self._stores.add(req, size, g, now)
-        self._left -= n
-        d = math.exp(-n / self._span)
+        self._left -= n * size
+        d = math.exp(-(n * size) / self._span)
         if not req.session_named and self._fghost is not None:
             f, pend.f = self._fghost.lookup(req, size, self.freq.counted)
             self.count_advantage = self.count_advantage * d + f - g

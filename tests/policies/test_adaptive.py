@@ -359,3 +359,17 @@ def test_a_client_that_says_its_session_waits_on_a_tool_proves_the_bets_first() 
     two.on_request(RequestInfo([1, 2], [None] * 2, "s", "agent", 1, 16, 16,
                                then="tool_call", tool="bash"), 0.0)
     assert two.proven and two.proofs == 0
+
+
+def test_the_guards_window_counts_bytes_looked_up_whatever_block_size_came_first() -> None:
+    """The guard's score window is traffic, counted in bytes: a first lookup of 1 MiB
+    blocks does not size it for the 4 KiB lookups after it (in the first lookup's
+    blocks, a 4,000 KiB tier was a window of 16 x 3 blocks, closed by every lookup)."""
+    kib4, mib = 4096, 1 << 20
+    pol = AdaptivePolicy([TierSpec("dram", 1000 * kib4, 20e9)])
+    pol.on_request(RequestInfo(["big"], [None], "", "chat", mib, 16, 16), 0.0)
+    assert pol._span == pol.window * 1000 * kib4
+    left = pol._left
+    keys = [("small", j) for j in range(100)]
+    pol.on_request(RequestInfo(keys, [None] * 100, "", "chat", kib4, 16, 16), 1.0)
+    assert left - pol._left == 100 * kib4
