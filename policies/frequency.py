@@ -60,7 +60,7 @@ class FrequencyPolicy(Policy):
         self.max_tracked = max_tracked
         self._worth = tuple(self.cost.worth_loading(t) for t in tiers)
         self._t = {t.name: CountTier(t.capacity_bytes) for t in tiers}
-        self.counts: ReuseCounts | None = None  # sized at the first lookup with sizes
+        self.counts: ReuseCounts | None = None  # made at the first lookup with sizes
         #: the count pass of the last :meth:`on_request` (for :meth:`on_counted`)
         self.counted = Counted(None, None, None)
         #: the counts' halvings the tiers are filed for
