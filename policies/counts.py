@@ -138,12 +138,6 @@ class CountTier:
             new = self.buckets[count] = {}
         new[key] = None
 
-    def refile_all(self, count: Callable[[Hashable, int], int]) -> None:
-        """Every key filed again under ``count(key, 0)`` (after the counts were halved),
-        in the order they were first filed."""
-        for k in list(self.at):
-            self.file(k, count(k, 0))
-
     def file_many(self, keys: Sequence[Hashable], count: Callable[[Hashable, int], int],
                   distinct: dict[Hashable, None] | None = None,
                   counted: Sequence[int] | None = None) -> None:

@@ -79,7 +79,7 @@ class FrequencyPolicy(Policy):
     def count(self, key: Hashable) -> int:
         return self.counts[key] if self.counts is not None else 0
 
-    def _counts(self, block_bytes: int) -> ReuseCounts:
+    def _counts(self) -> ReuseCounts:
         """The counts, made at the first lookup whose blocks have a size: their period is
         ``reset`` capacities in bytes (each counted key weighs its block's bytes)."""
         if self.counts is None:
@@ -94,7 +94,7 @@ class FrequencyPolicy(Policy):
         if req.worth:
             self._worth = tuple(req.worth)
         keys = req.keys
-        counts = self._counts(req.block_bytes) if req.block_bytes else None
+        counts = self._counts() if req.block_bytes else None
         # Distinct keys (a chain's, always) are counted in C-level passes, and their
         # new counts and the dict of them serve every tier's refiling below.
         distinct = dict.fromkeys(keys) if counts is not None and len(keys) > 1 else None
@@ -125,9 +125,8 @@ class FrequencyPolicy(Policy):
         halved = counts is not None and counts.halvings != self._halvings
         if halved and counts is not None:
             self._halvings = counts.halvings
-            get = counts._counts.get
             for tr in self._t.values():  # every count halved: refile what is stored
-                tr.refile_all(get)
+                tr.file_many(list(tr.at), counts._counts.get)
         elif counts is not None:
             all_hit = None not in req.hit_tiers and len(keys) == len(req.hit_tiers)
             hit = (keys if all_hit else

@@ -104,9 +104,9 @@ class _RefFrequency(FrequencyPolicy):
         super().__init__(*a, **kw)
         self._t = {t.name: _RefTier(t.capacity_bytes) for t in self.tiers}
 
-    def _counts(self, block_bytes: int) -> ReuseCounts:
+    def _counts(self) -> ReuseCounts:
         if self.counts is None:
-            counts = super()._counts(block_bytes)
+            counts = super()._counts()
             self.counts = _RefCounts(counts.period, counts.max_tracked)
         return self.counts
 

@@ -61,8 +61,8 @@ def test_the_two_tier_refile_is_the_per_key_loops() -> None:
         picked = keys[step:] if step % 2 else keys[:30 - step]
         _lookup(fast, picked, extra=step % 3)
         # the per-key loop: count, then each hit key refiled in each tier holding it
-        counts = ref._counts(64)
-        counts.add([*picked, *[("new", j) for j in range(step % 3)]])
+        counts = ref._counts()
+        counts.add([*picked, *[("new", j) for j in range(step % 3)]], 64)  # (64-byte blocks)
         for k in picked:
             for tr in ref._t.values():
                 if k in tr.at:
