@@ -92,8 +92,9 @@ from kvstore.policies.base import (
 )
 from kvstore.policies.cost import CostModel
 from kvstore.policies.frequency import FrequencyPolicy
-from kvstore.policies.guard import Guard, LRUGhost
+from kvstore.policies.guard import Guard
 from kvstore.policies.lru import LRUPolicy
+from kvstore.policies.lru_ghost import LRUGhost
 from kvstore.policies.pending import PendingStores
 from kvstore.policies.shadow import FrequencyGhost, Retained, WorkloadGhost
 from kvstore.policies.workload import WorkloadPolicy

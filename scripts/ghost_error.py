@@ -1,7 +1,7 @@
 """How far the guard's ghosts are from what their policy really serves, in the served topology.
 
 ``AdaptivePolicy`` scores its bets as real prefix hits minus its LRU ghost's
-(``kvstore.policies.guard.LRUGhost``), so its bound on the loss to LRU holds only
+(``kvstore.policies.lru_ghost.LRUGhost``), so its bound on the loss to LRU holds only
 where the ghost counts what LRU serves. On named sessions the bets place blocks only
 once their own ghost (``kvstore.policies.shadow.WorkloadGhost``) out-hits the LRU
 ghost, so they prove themselves only as early as that ghost counts what they serve.
