@@ -186,7 +186,7 @@ class AdaptivePolicy(Guard, Policy):
         #: the bets place blocks only once it is ``prove`` roots above zero
         self._wghost: WorkloadGhost | None = None
         self.shown = 0.0
-        self.shown_swing = 0
+        self.shown_swing = 0.0
         self.proven = False
         self._span = 1.0  # the score window, in looked-up bytes
         self._blocks = 1  # the ghosts' capacity, in blocks
@@ -195,7 +195,7 @@ class AdaptivePolicy(Guard, Policy):
         #: the score: real prefix hits - the ghost's over the trace, whoever leads, at
         #: most the bank
         self.advantage = 0.0
-        self.swing = 0  # the sum of squared per-request differences
+        self.swing = 0.0  # the sum of squared per-request differences
         #: a trial on named sessions: the score it started from and the most it may
         #: spend below it (blocks); None: a trial without credit
         self._trial: tuple[float, float] | None = None

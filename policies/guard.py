@@ -166,7 +166,7 @@ class Guard:
         _bank: float
         _credit: float
         advantage: float
-        swing: int
+        swing: float
         _trial: tuple[float, float] | None
         leader: str
         switches: int
@@ -221,8 +221,8 @@ class Guard:
         blocks = self._blocks = max(1, cap // self._size)
         # The window is traffic, so it is counted in bytes looked up: in blocks of the
         # first lookup's size, a server whose first namespace had 1 MiB blocks closed a
-        # window of 4 KiB lookups 256 times too soon. (The score's bank and credit are
-        # hit blocks, sized by the first lookup's size.)
+        # window of 4 KiB lookups 256 times too soon. The score, the bank and the credit
+        # count hit bytes in blocks of that first size (see _score).
         self._span = self.window * cap
         self._bank = self.bank * blocks
         self._credit = self.credit * blocks
@@ -274,15 +274,20 @@ class Guard:
             ghost = self._start(req.block_bytes)
         n = len(req.keys)
         size = req.block_bytes or self._size
+        # Every difference below counts bytes, in blocks of the first lookup's size: a
+        # 4 KiB block a namespace hits is 1/256 of a 1 MiB one another hits (each
+        # counted as one hit block, the guard weighed the small namespace 256 times too
+        # much). With one block size the weight is 1.
+        wt = size / self._size
         g = ghost.lookup(req.keys)  # (its stores wait for the engine's: _stores)
         pend = self._stores.add(req, size, g, now)
         self._left -= n * size
         d = math.exp(-(n * size) / self._span)
         if not req.session_named and self._fghost is not None:
             f, pend.f = self._fghost.lookup(req, size, self.freq.counted)
-            self.count_advantage = self.count_advantage * d + f - g
-        self.room_lost = self.room_lost * d + ghost.lost
-        self.looked = self.looked * d + n
+            self.count_advantage = self.count_advantage * d + (f - g) * wt
+        self.room_lost = self.room_lost * d + ghost.lost * wt
+        self.looked = self.looked * d + n * wt
         self.floor_lru = (self.floor is not None
                           and self.room_lost <= self.floor_share * self.looked)
         # On named sessions with one tier worth loading from, the two-way proof decides
@@ -294,7 +299,7 @@ class Guard:
         if req.session_named and wghost is not None:
             if n:
                 self._named += 1
-                self._mean_n += (n - self._mean_n) / min(self._named, 1024)
+                self._mean_n += (n * wt - self._mean_n) / min(self._named, 1024)
             # (it plays every named lookup, proven or not: it must show a gain again
             # after a hand-back, and a ghost that rested would start that cold)
             w, pend.w = wghost.lookup(req, size, now)
@@ -304,10 +309,10 @@ class Guard:
                 # the same as after any other.
                 self._proven()
             if not self.proven:
-                s = w - g
+                s = (w - g) * wt
                 self.shown_swing += s * s
                 self.shown = max(-self._bank, self.shown + s)
-                x = s / n if n else 0.0  # (the same per block: each request weighs one)
+                x = (w - g) / n if n else 0.0  # (per block: each request weighs one)
                 self._shown_pb_swing += x * x
                 self._shown_pb = max(-self._bank / self._mean_n, self._shown_pb + x)
                 if ((self.shown >= max(self.min_allowance,
@@ -316,7 +321,7 @@ class Guard:
                             and self._shown_pb >= self.prove
                             * math.sqrt(self._shown_pb_swing))):
                     self._proven()
-        diff = self._served(req) - g
+        diff = (self._served(req) - g) * wt
         self.swing += diff * diff
         self.advantage = min(self.advantage + diff, self._bank)
         if named and self.proven:
@@ -342,7 +347,7 @@ class Guard:
                     self.handbacks += 1
                 self.proven = False  # the bets' ghost shows a gain again before they place
                 self.shown = min(self.shown, 0.0)
-                self.shown_swing = 0
+                self.shown_swing = 0.0
                 self.switches += 1
                 self._left = self._backoff * self._span  # probation
                 self._backoff = min(self._backoff * 2, self.max_backoff)

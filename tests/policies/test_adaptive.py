@@ -373,3 +373,17 @@ def test_the_guards_window_counts_bytes_looked_up_whatever_block_size_came_first
     keys = [("small", j) for j in range(100)]
     pol.on_request(RequestInfo(keys, [None] * 100, "", "chat", kib4, 16, 16), 1.0)
     assert left - pol._left == 100 * kib4
+
+
+def test_the_guards_score_counts_hit_bytes_whatever_block_size_came_first() -> None:
+    """The score is hit bytes, in blocks of the first lookup's size: 100 hits of 4 KiB
+    blocks that LRU's ghost misses add 100 x 4 KiB / 1 MiB to it, not 100 (the bank of
+    a 1 MiB namespace spent on a few KiB of another's)."""
+    kib4, mib = 4096, 1 << 20
+    pol = AdaptivePolicy([TierSpec("dram", 4000 * kib4, 20e9)])
+    pol.on_request(RequestInfo(["big"], [None], "", "chat", mib, 16, 16), 0.0)
+    assert pol.advantage == 0 and pol.swing == 0
+    keys = [("small", j) for j in range(100)]  # held by the tier, not by LRU's ghost
+    pol.on_request(RequestInfo(keys, ["dram"] * 100, "", "chat", kib4, 16, 16), 1.0)
+    assert pol.advantage == 100 * kib4 / mib
+    assert pol.swing == (100 * kib4 / mib) ** 2
