@@ -31,7 +31,8 @@ _VALUE = itemgetter(0)
 
 
 class TierOwners:
-    __slots__ = ("_blocks", "capacity", "groups", "owner", "pools", "pos", "sizes", "used")
+    __slots__ = ("_blocks", "_bytes", "capacity", "groups", "owner", "pools", "pos", "sizes",
+                 "used")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -41,6 +42,9 @@ class TierOwners:
         self.pos: dict[Hashable, int] = {}
         self.sizes: dict[Hashable, int] = {}
         self._blocks: dict[Hashable, dict[Hashable, None]] = {}
+        #: each owner's bytes here (summed over its blocks per victim asked, a session of
+        #: 100,000 blocks cost a lookup that needed room 5-15 ms)
+        self._bytes: dict[Hashable, int] = {}
         #: bumped whenever an owner gains its first block here or loses its last (the
         #: owners here, and the order they came in, are the same while it stays)
         self.groups = 0
@@ -60,12 +64,13 @@ class TierOwners:
         self._own(key, session)
 
     def remove(self, key: Hashable) -> None:
-        size = self.sizes.pop(key, None)
+        size = self.sizes.get(key)
         if size is None:
             return
         self.used -= size
         self.pos.pop(key, None)
         self._disown(key)
+        del self.sizes[key]
 
     def claim(self, key: Hashable, session: Hashable, pos: int) -> None:
         """``session`` (or a pool) used ``key`` (at chain position ``pos``): it owns it
@@ -130,16 +135,20 @@ class TierOwners:
         self.claim_many(zip(keys, repeat(session), range(n)))
 
     def _own(self, key: Hashable, session: Hashable) -> None:
+        """``session`` owns ``key`` (stored here: its size known), which no one owns."""
         self.owner[key] = session
         blocks = self._blocks.get(session)
         if blocks is None:
             blocks = self._blocks[session] = {}
+            self._bytes[session] = 0
             self.groups += 1
             if isinstance(session, Pool):
                 self.pools[session] = None
         blocks[key] = None
+        self._bytes[session] += self.sizes[key]
 
     def _disown(self, key: Hashable) -> None:
+        """No one owns ``key`` (still in :attr:`sizes`) from now."""
         session = self.owner.pop(key, None)
         if session is None:
             return
@@ -147,13 +156,20 @@ class TierOwners:
         del blocks[key]
         if not blocks:
             del self._blocks[session]
+            del self._bytes[session]
             self.groups += 1
             if isinstance(session, Pool):
                 del self.pools[session]
+        else:
+            self._bytes[session] -= self.sizes[key]
 
     # -- sessions -----------------------------------------------------------------------
     def blocks_of(self, session: Hashable) -> dict[Hashable, None]:
         return self._blocks.get(session, {})
+
+    def bytes_of(self, session: Hashable) -> int:
+        """The bytes of ``session``'s (or a pool's) blocks here."""
+        return self._bytes.get(session, 0)
 
     def oldest(self, pool: Pool) -> Hashable | None:
         """The least recently used block of a pool."""

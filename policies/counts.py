@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from itertools import islice, repeat
+from operator import rshift
 from typing import NamedTuple
 
 __all__ = ["CountTier", "Counted", "ReuseCounts", "zero_count"]
@@ -31,11 +32,20 @@ class ReuseCounts:
     lookup's 1 MiB, a period meant for 4 KiB blocks went by 256 times too fast, and each
     halving refiled every stored block before the lookup's answer).
 
+    A halving touches no key: each key holds its count in units of ``1 << shift``, a
+    count adds ``1 << shift``, and a halving adds one to ``shift``; a key's count is
+    what it holds ``>> shift``: TinyLFU's halved counts exactly (``(c >> 1) + 1`` is
+    ``(c * 2 + 2) >> 1``). Halving every key in a new dict held the loop 200-360 ms a
+    period at one to two million counted keys. Keys whose count is 0 (the ones a
+    halving forgets) stay until the cap forgets them, least recently counted first, or
+    until every :data:`_RESCALE` halvings, when one pass divides what each key holds
+    by its unit again (the numbers stay a few machine words) and drops them.
+
     A plain dict in the order the keys were last counted (a counted key is popped and
     set again): C-level passes a third cheaper than an ``OrderedDict``'s get, update
     and ``move_to_end`` (the counts are every lookup's first pass over its keys)."""
 
-    __slots__ = ("_counts", "_left", "halvings", "max_tracked", "period")
+    __slots__ = ("_counts", "_left", "_unit", "halvings", "max_tracked", "period", "shift")
 
     def __init__(self, period: int, max_tracked: int = 1 << 21) -> None:
         if period < 1 or max_tracked < 1:
@@ -43,24 +53,35 @@ class ReuseCounts:
                              f"{max_tracked}")
         self.period = period
         self.max_tracked = max_tracked
+        #: each key's count in units of ``1 << shift``
         self._counts: dict[Hashable, int] = {}
         self._left = period
         #: times every count was halved so far
         self.halvings = 0
+        #: halvings since the counts were last rescaled
+        self.shift = 0
+        self._unit = 1
 
     def __getitem__(self, key: Hashable) -> int:
-        return self._counts.get(key, 0)
+        return self._counts.get(key, 0) >> self.shift
 
     def __len__(self) -> int:
+        """Keys tracked (those whose count halved to 0 included, until forgotten)."""
         return len(self._counts)
+
+    def many(self, keys: Sequence[Hashable]) -> list[int]:
+        """The counts of ``keys``, in order (C-level passes)."""
+        held = list(map(self._counts.get, keys, repeat(0)))
+        return list(map(rshift, held, repeat(self.shift))) if self.shift else held
 
     def add(self, keys: Sequence[Hashable], weight: int = 1) -> bool:
         """Count one lookup of ``keys``, each weighing ``weight``; True when it aged every
         count (halved them)."""
         counts = self._counts
         pop = counts.pop
+        unit = self._unit
         for k in keys:  # (a key twice is counted twice, the last count its last)
-            counts[k] = pop(k, 0) + 1
+            counts[k] = pop(k, 0) + unit
         self._bound()
         return self._aged(len(keys) * weight)
 
@@ -70,10 +91,12 @@ class ReuseCounts:
         The same counts and order as :meth:`add` (each key popped and set again: with no
         key twice, all of them last, in order)."""
         counts = self._counts
-        news = list(map(PLUS_ONE, map(counts.pop, keys, repeat(0))))
-        counts.update(zip(keys, news, strict=True))
+        held = list(map(self._unit.__add__, map(counts.pop, keys, repeat(0))))
+        counts.update(zip(keys, held, strict=True))
         self._bound()
-        return None if self._aged(len(keys) * weight) else news
+        if self._aged(len(keys) * weight):
+            return None
+        return list(map(rshift, held, repeat(self.shift))) if self.shift else held
 
     def _bound(self) -> None:
         """Forget the least recently counted keys past ``max_tracked``, in one pass from
@@ -91,8 +114,17 @@ class ReuseCounts:
             return False
         self._left = self.period
         self.halvings += 1
-        self._counts = {k: c >> 1 for k, c in self._counts.items() if c > 1}
+        self.shift += 1
+        if self.shift >= _RESCALE:
+            shift = self.shift
+            self._counts = {k: c >> shift for k, c in self._counts.items() if c >> shift}
+            self.shift = 0
+        self._unit = 1 << self.shift
         return True
+
+
+#: halvings between two passes that rescale what the counts hold (see :class:`ReuseCounts`)
+_RESCALE = 32
 
 
 def zero_count(key: Hashable, default: int) -> int:
@@ -186,6 +218,25 @@ class CountTier:
             if new is None:
                 new = buckets[c] = {}
             new[k] = None
+
+    def halve(self) -> None:
+        """Every count halved (the counts' halving): each bucket joins the one of its
+        count halved, in C-level passes, lower count first (the keys of 2 before those of
+        3, each in its order). Refiling every key under its halved count, one at a time,
+        held the loop 89 ms per tier at 100,000 blocks, and the policy holds two."""
+        at, old = self.at, self.buckets
+        new: dict[int, dict[Hashable, None]] = {}
+        for c in sorted(old):
+            b = old[c]
+            h = c >> 1
+            if h != c:
+                at.update(zip(b, repeat(h)))
+            into = new.get(h)
+            if into is None:
+                new[h] = b
+            else:
+                into.update(b)
+        self.buckets = new
 
     def drop(self, key: Hashable) -> None:
         old = self.at.pop(key, None)

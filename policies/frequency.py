@@ -10,10 +10,12 @@ return gaps are minutes, longer than a small tier keeps anything under LRU.
 * Every lookup counts each of its keys once
   (:class:`~kvstore.policies.counts.ReuseCounts`). Counts age, as TinyLFU's do:
   after ``reset`` capacities of looked-up blocks (counted in bytes, so namespaces
-  of several block sizes age them alike) every count is halved (and the
-  ones are forgotten), so what was popular an hour ago yields to what is popular
-  now, and memory stays bounded by about ``reset`` capacities of keys (a hard cap,
-  ``max_tracked``, forgets the least recently counted first).
+  of several block sizes age them alike) every count is halved, so what was
+  popular an hour ago yields to what is popular now. A halving touches no key (the
+  unit a count adds doubles) and each tier's filings are halved bucket by bucket,
+  so it costs the lookup that makes it milliseconds, not a pass over every key. The
+  keys whose count fell to 0 are forgotten every 32 halvings, and a hard cap,
+  ``max_tracked``, forgets the least recently counted first.
 * Eviction takes the lowest count first, least recently used within a count
   (the engine takes children before parents, so a chain still shrinks from its
   tail).
@@ -30,7 +32,6 @@ this as its bets on sessionless traffic, guarded by its LRU ghost.
 from __future__ import annotations
 
 from collections.abc import Container, Hashable, Iterator, Sequence
-from itertools import repeat
 from typing import Any, Self
 
 from kvstore.policies.base import (
@@ -125,8 +126,8 @@ class FrequencyPolicy(Policy):
         halved = counts is not None and counts.halvings != self._halvings
         if halved and counts is not None:
             self._halvings = counts.halvings
-            for tr in self._t.values():  # every count halved: refile what is stored
-                tr.file_many(list(tr.at), counts._counts.get)
+            for tr in self._t.values():  # every count halved: so is every filing
+                tr.halve()
         elif counts is not None:
             all_hit = None not in req.hit_tiers and len(keys) == len(req.hit_tiers)
             hit = (keys if all_hit else
@@ -138,7 +139,7 @@ class FrequencyPolicy(Policy):
                 # victims pass over them), so its plan is the one it would be.
                 if not all_hit or news is None:
                     distinct = None
-                    news = list(map(counts._counts.get, hit, repeat(0)))
+                    news = counts.many(hit)
                 self._unfiled.append((hit, news, distinct))
         hit_tiers = req.hit_tiers
         if None not in hit_tiers:  # (all hits: nothing to admit)
@@ -205,14 +206,15 @@ class FrequencyPolicy(Policy):
             return
         tr = self._t[tier]
         at, sizes, file = tr.at, tr.sizes, tr.file
-        count = self.counts._counts.get if self.counts is not None else zero_count
-        for info in infos:
+        counts = (self.counts.many([info.key for info in infos]) if self.counts is not None
+                  else [0] * len(infos))
+        for info, c in zip(infos, counts, strict=True):
             key = info.key
             if key in at:
                 continue
             sizes[key] = info.size
             tr.used += info.size
-            file(key, count(key, 0))
+            file(key, c)
 
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         if self._unfiled:
@@ -229,14 +231,14 @@ class FrequencyPolicy(Policy):
             raise ValueError(f"{len(keys)} keys but {len(tiers)} tiers")
         if not keys:
             return
-        get = self.counts._counts.get if self.counts is not None else zero_count
+        counts = self.counts.many(keys) if self.counts is not None else [0] * len(keys)
         tier = tiers[0]
         if tiers.count(tier) == len(tiers):  # (one tier: one pass)
-            self._t[tier].file_many(keys, get)
+            self._t[tier].file_many(keys, zero_count, None, counts)
             return
         trs = self._t
-        for key, tier in zip(keys, tiers, strict=True):
-            trs[tier].file_many((key,), get)
+        for key, tier, c in zip(keys, tiers, counts, strict=True):
+            trs[tier].file_many((key,), zero_count, None, (c,))
 
     def on_remove(self, key: Hashable, tier: str) -> None:
         if self._unfiled:

@@ -225,7 +225,7 @@ class WorkloadPolicy(Sessions, Claims, Keeps, Policy):
         for v, other in self._worst_first(tier, self._now, session):
             if v >= bar and v > 0.0:  # what is worth nothing goes for anyone
                 break
-            room += sum(tr.sizes[k] for k in tr.blocks_of(other))
+            room += tr.bytes_of(other)
             if room >= need:
                 return need
         return max(room, 0)  # (a tier over its capacity gives nothing)

@@ -364,3 +364,32 @@ def test_owners_claim_run_is_claim_many() -> None:
     b.claim_many(zip(keys, repeat("s"), range(7)))
     assert (a.owner, a.pos, list(a.blocks_of("s"))) == (b.owner, b.pos, list(b.blocks_of("s")))
     assert not a.blocks_of("t")
+
+
+def test_owners_bytes_are_their_blocks_sizes_summed() -> None:
+    """What a tier's owners hold, kept per owner (the workload policy's room for a
+    newcomer reads it instead of summing a session's blocks per victim), equals the sum
+    of their blocks' sizes through adds, removals, claims and pools."""
+    from kvstore.policies._owners import Pool
+
+    rnd = random.Random(5)
+    tr = TierOwners(10**9)
+    owners: list[Hashable] = ["s1", "s2", "s3", Pool("chat"), Pool("agent")]
+    keys = [("k", j) for j in range(40)]
+    for step in range(3000):
+        k, s = rnd.choice(keys), rnd.choice(owners)
+        op = rnd.random()
+        if op < 0.35:
+            tr.add(k, rnd.randint(1, 9), s, rnd.randint(0, 9))
+        elif op < 0.55:
+            tr.remove(k)
+        elif op < 0.8:
+            tr.claim(k, s, rnd.randint(0, 9))
+        elif op < 0.9:
+            run = rnd.sample(keys, rnd.randint(1, 6))
+            tr.claim_run(run, s)
+        else:
+            tr.claim_many([(x, rnd.choice(owners), j) for j, x in enumerate(rnd.sample(keys, 4))])
+        for o in owners:
+            assert tr.bytes_of(o) == sum(tr.sizes[x] for x in tr.blocks_of(o)), (step, o)
+    assert sum(map(tr.bytes_of, owners)) == tr.used

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from kvstore.policies.adaptive import AdaptivePolicy
 from kvstore.policies.base import Policy, RequestInfo, TierSpec
-from kvstore.policies.counts import ReuseCounts
+from kvstore.policies.counts import _RESCALE, CountTier, ReuseCounts
 from kvstore.policies.frequency import FrequencyPolicy
 
 B = 1
@@ -16,9 +16,16 @@ FOUR = [TierSpec("dram", 4 * B, 20e9)]
 def test_counts_age_by_halving_and_forget_the_ones() -> None:
     c = ReuseCounts(period=6)
     assert not c.add(["a", "b", "c"])
+    held = c._counts
     assert c.add(["a", "b", "d"])  # 6 keys counted: every count halved
-    assert (c["a"], c["b"], c["c"], c["d"], len(c)) == (1, 1, 0, 0, 2)
+    assert (c["a"], c["b"], c["c"], c["d"]) == (1, 1, 0, 0)
     assert c.halvings == 1
+    assert c._counts is held  # (no key touched: the unit doubled)
+    # the ones halved to 0 are forgotten when the counts are rescaled
+    for _ in range(_RESCALE - 1):
+        c.add(["a"] * 6)
+    assert c.halvings == _RESCALE and c.shift == 0
+    assert set(c._counts) == {"a"} and len(c) == 1
 
 
 def test_counts_are_bounded() -> None:
@@ -52,6 +59,54 @@ def test_the_counts_age_by_bytes_looked_up_whatever_block_size_came_first() -> N
     assert counts.halvings == 1
 
 
+class _HalvedOneByOne:
+    """The counts as TinyLFU halves them: every key's count halved in a new dict, the
+    ones forgotten (what :class:`ReuseCounts` did until it stopped touching the keys)."""
+
+    def __init__(self, period: int) -> None:
+        self.period, self.left, self.counts = period, period, {}
+
+    def add(self, keys: list[object], weight: int) -> None:
+        for k in keys:
+            self.counts[k] = self.counts.pop(k, 0) + 1
+        self.left -= len(keys) * weight
+        if self.left <= 0:
+            self.left = self.period
+            self.counts = {k: c >> 1 for k, c in self.counts.items() if c > 1}
+
+
+def test_the_counts_are_tinylfus_halved_one_by_one_across_rescales() -> None:
+    """Doubling the unit instead of halving every key gives the same counts, in the same
+    order, through more halvings than one rescale (seeded: lookups of repeated keys)."""
+    import random
+
+    rnd = random.Random(7)
+    ref, c = _HalvedOneByOne(40), ReuseCounts(40)
+    universe = [("k", i) for i in range(60)]
+    for step in range(3000):
+        keys = rnd.sample(universe, rnd.randint(1, 12))
+        weight = rnd.choice((1, 2, 3))
+        ref.add(keys, weight)
+        if step % 2:
+            c.add(keys, weight)
+        else:
+            c.add_distinct(keys, weight)
+        assert c.many(universe) == [ref.counts.get(k, 0) for k in universe], step
+        assert [k for k in c._counts if c[k]] == list(ref.counts), step
+    assert c.halvings > 2 * _RESCALE
+
+
+def test_a_tier_halves_its_filings_bucket_by_bucket() -> None:
+    """Each key filed under its count halved; the lower counts of a merged bucket first,
+    each in its own order (least recently used first)."""
+    tr = CountTier(100)
+    for k, c in (("a", 3), ("b", 2), ("c", 3), ("d", 1), ("e", 0), ("f", 2), ("g", 5)):
+        tr.file(k, c)
+    tr.halve()
+    assert tr.at == {"a": 1, "b": 1, "c": 1, "d": 0, "e": 0, "f": 1, "g": 2}
+    assert list(tr.order()) == ["e", "d", "b", "f", "a", "c", "g"]
+
+
 def test_halving_keeps_the_counts_order_and_forgets_the_ones() -> None:
     c = ReuseCounts(period=10)
     c.add(["a", "b", "c"])
@@ -59,7 +114,7 @@ def test_halving_keeps_the_counts_order_and_forgets_the_ones() -> None:
     c.add(["d", "a"])
     c.add(["a"], weight=3)  # 10 counted: halved
     assert c.halvings == 1
-    assert list(c._counts.items()) == [("c", 1), ("a", 2)]
+    assert [(k, c[k]) for k in c._counts if c[k]] == [("c", 1), ("a", 2)]
 
 
 def req(keys: list[int], hits: list[str | None] | None = None, session: object = "",
