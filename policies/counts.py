@@ -72,8 +72,8 @@ class ReuseCounts:
 
     def many(self, keys: Sequence[Hashable]) -> list[int]:
         """The counts of ``keys``, in order (C-level passes)."""
-        held = list(map(self._counts.get, keys, repeat(0)))
-        return list(map(rshift, held, repeat(self.shift))) if self.shift else held
+        held = map(self._counts.get, keys, repeat(0))
+        return list(map(rshift, held, repeat(self.shift)) if self.shift else held)
 
     def add(self, keys: Sequence[Hashable], weight: int = 1) -> bool:
         """Count one lookup of ``keys``, each weighing ``weight``; True when it aged every
