@@ -42,8 +42,8 @@ class TierOwners:
         self.pos: dict[Hashable, int] = {}
         self.sizes: dict[Hashable, int] = {}
         self._blocks: dict[Hashable, dict[Hashable, None]] = {}
-        #: each owner's bytes here (summed over its blocks per victim asked, a session of
-        #: 100,000 blocks cost a lookup that needed room 5-15 ms)
+        #: each owner's bytes here (summing its blocks' sizes for each victim session
+        #: cost a lookup that needed room 5-15 ms with a session of 100,000 blocks)
         self._bytes: dict[Hashable, int] = {}
         #: bumped whenever an owner gains its first block here or loses its last (the
         #: owners here, and the order they came in, are the same while it stays)

@@ -279,7 +279,7 @@ class FrequencyGhost:
                            req.last_tokens)
         plan = pol.on_request(info, 0.0) if counted is None else pol.on_counted(info, counted)
         if pol.counts is None or pol._halvings != filed:
-            # Every count halved: on_request refiled the whole tier, and the hits are
+            # Every count halved: on_request halved the tier's filings, and the hits are
             # touched again (without halving it refiled just the hits, in this order,
             # under the same counts: what touching them would do again).
             held = ([k for k, t in zip(keys, tiers, strict=True) if t is not None]
