@@ -125,9 +125,11 @@ class FrequencyPolicy(Policy):
         counts, distinct, news = counted
         halved = counts is not None and counts.halvings != self._halvings
         if halved and counts is not None:
-            self._halvings = counts.halvings
-            for tr in self._t.values():  # every count halved: so is every filing
-                tr.halve()
+            # every count halved (more than once, for a ghost that missed lookups): so
+            # is every filing
+            times, self._halvings = counts.halvings - self._halvings, counts.halvings
+            for tr in self._t.values():
+                tr.halve(times)
         elif counts is not None:
             all_hit = None not in req.hit_tiers and len(keys) == len(req.hit_tiers)
             hit = (keys if all_hit else

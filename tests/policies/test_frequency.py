@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from kvstore.policies.adaptive import AdaptivePolicy
-from kvstore.policies.base import Policy, RequestInfo, TierSpec
+from kvstore.policies.base import BlockInfo, Policy, RequestInfo, TierSpec
 from kvstore.policies.counts import _RESCALE, CountTier, ReuseCounts
 from kvstore.policies.frequency import FrequencyPolicy
 
@@ -105,6 +105,28 @@ def test_a_tier_halves_its_filings_bucket_by_bucket() -> None:
     tr.halve()
     assert tr.at == {"a": 1, "b": 1, "c": 1, "d": 0, "e": 0, "f": 1, "g": 2}
     assert list(tr.order()) == ["e", "d", "b", "f", "a", "c", "g"]
+
+
+def test_a_tier_that_missed_halvings_halves_its_filings_for_each() -> None:
+    """A policy that reads counts another counts (the counts' ghost plays only the
+    lookups that name no session) may see several halvings at once: its filings are
+    halved as many times (refiling every key under its count did that by itself)."""
+    a = FrequencyPolicy(FOUR)  # period: 20 capacities of 1-byte blocks, 80 keys
+    b = FrequencyPolicy(FOUR)
+    mine = [("m", j) for j in range(4)]
+    for _ in range(12):
+        a.on_request(req(mine), 0.0)
+    b.on_counted(req(mine), a.counted)
+    for k in mine:
+        b.on_insert(BlockInfo(k, B), "dram", 0.0)
+    assert [b._t["dram"].at[k] for k in mine] == [12] * 4
+    counts = a.counts
+    assert counts is not None and counts.halvings == 0
+    for i in range(40):  # 160 other keys: two halvings b does not see
+        a.on_request(req([("o", i, j) for j in range(4)]), 0.0)
+    assert counts.halvings == 2
+    b.on_counted(req([("x", 0)]), a.counted)
+    assert [b._t["dram"].at[k] for k in mine] == [counts[k] for k in mine] == [3] * 4
 
 
 def test_halving_keeps_the_counts_order_and_forgets_the_ones() -> None:
