@@ -3,6 +3,8 @@ betting on them where the traffic names no sessions."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from kvstore.policies.adaptive import AdaptivePolicy
 from kvstore.policies.base import BlockInfo, Policy, RequestInfo, TierSpec
@@ -78,8 +80,6 @@ class _HalvedOneByOne:
 def test_the_counts_are_tinylfus_halved_one_by_one_across_rescales() -> None:
     """Doubling the unit instead of halving every key gives the same counts, in the same
     order, through more halvings than one rescale (seeded: lookups of repeated keys)."""
-    import random
-
     rnd = random.Random(7)
     ref, c = _HalvedOneByOne(40), ReuseCounts(40)
     universe = [("k", i) for i in range(60)]
