@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+import numpy as np
 import xxhash
 
 from kvstore import errors
@@ -26,6 +27,7 @@ __all__ = [
     "Stats",
     "batches",
     "commit_request",
+    "copy_bytes",
     "tags",
     "translate",
 ]
@@ -86,6 +88,9 @@ BATCH_BLOCKS = 256
 #: commits one while the client copies the next).
 RESERVE_BYTES = 128 * 2**20
 RESERVE_BLOCKS = 1024
+#: Blocks per shared-memory read's Acquire (``get`` / ``get_into`` / ``get_each``):
+#: the next batch's Acquire is in flight while one is read.
+READ_BATCH = 256
 #: Bytes per gRPC Put message: measured on loopback, 1 MiB messages stream ~4x
 #: faster than 16 MiB ones (grpc's flow control and copies favour small frames).
 GRPC_MESSAGE_BYTES = 2**20
@@ -282,6 +287,24 @@ def put_requests(namespace: str, blocks: Sequence[BlockData], tags: dict[str, st
                     for b in batch])
 
 
+#: Copies of at least this many bytes let go of the GIL (:func:`copy_bytes`).
+UNLOCKED_COPY_BYTES = 32 * 2**10
+
+
+def copy_bytes(dst: memoryview, src: bytes | bytearray | memoryview) -> None:
+    """``dst[:] = src`` for a byte view ``dst`` of ``len(src)`` bytes, letting go of
+    the GIL for a large copy. A memoryview's slice assignment holds it for the whole
+    copy, so the client's call threads (the next batch's Acquire or Reserve, a
+    Commit's reply) waited up to the interpreter's switch interval (5 ms) for each
+    turn: measured here, reading 2,048 x 64 KiB blocks with the next Acquire in
+    flight, the reader waited 3-4 ms a batch of 256 for a reply the server had sent;
+    numpy's copy (which lets go of it) took those waits to ~0."""
+    if len(src) >= UNLOCKED_COPY_BYTES:
+        np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
+    else:
+        dst[:] = src
+
+
 def copy_into(dst: Any, src: bytes | bytearray | memoryview) -> int:
     """Copy ``src`` into the start of writable buffer ``dst``; returns len(src)."""
     view = memoryview(dst).cast("B")
@@ -289,7 +312,7 @@ def copy_into(dst: Any, src: bytes | bytearray | memoryview) -> int:
     if view.nbytes < n:
         raise InvalidArgument(f"get_into: a buffer of {view.nbytes} bytes is too small for a "
                               f"block of {n} bytes")
-    view[:n] = src
+    copy_bytes(view[:n], src)
     return n
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -13,6 +14,7 @@ import xxhash
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 from kvstore.client._common import (
+    READ_BATCH,
     RESERVE_BLOCKS,
     RESERVE_BYTES,
     BlockSink,
@@ -22,6 +24,7 @@ from kvstore.client._common import (
     batches,
     block_from_pb,
     commit_request,
+    copy_bytes,
     copy_into,
     fill_overflow,
     header,
@@ -83,6 +86,20 @@ class AsyncKVStoreClient:
             return await method(request, timeout=self.timeout)
         except grpc.RpcError as exc:
             raise translate(exc, self.address) from exc
+
+    def _started(self, method: Any, request: Any) -> Coroutine[Any, Any, Any]:
+        """:meth:`_call` started now: grpc's task for the call exists on return (the
+        request goes out at the loop's next turn, whether or not the result is awaited
+        by then); await the returned coroutine for the reply."""
+        call = method(request, timeout=self.timeout)
+
+        async def reply() -> Any:
+            try:
+                return await call
+            except grpc.RpcError as exc:
+                raise translate(exc, self.address) from exc
+
+        return reply()
 
     async def uses_shared_memory(self) -> bool:
         if self._shm is None:
@@ -146,7 +163,7 @@ class AsyncKVStoreClient:
                 if not d.slot_id:
                     continue
                 region = self._segments.region(d)
-                region[:] = b.payload
+                copy_bytes(region, b.payload)
                 region.release()
                 digests.append(xxhash.xxh3_64_intdigest(b.payload))  # recorded by the server
                 slots.append(d)
@@ -185,11 +202,9 @@ class AsyncKVStoreClient:
                 out[i] = block_from_pb(h, bytes(payload))
                 return len(payload)
 
-            for i in range(0, len(hashes), 256):
-                sizes = await self._read_shm(namespace, hashes[i:i + 256], keep, i)
-                for j, n in enumerate(sizes, i):
-                    if not n:
-                        out[j] = None  # missing, or failed its checksum after the copy
+            for j, n in enumerate(await self._read_shm_batches(namespace, hashes, keep)):
+                if not n:
+                    out[j] = None  # missing, or failed its checksum after the copy
             return out
         return await self._get_grpc(namespace, hashes)
 
@@ -225,18 +240,40 @@ class AsyncKVStoreClient:
         if not await self.uses_shared_memory():
             return [sink(i, b.payload) if b else 0
                     for i, b in enumerate(await self._get_grpc(namespace, hashes))]
+        return await self._read_shm_batches(namespace, hashes,
+                                            lambda j, _h, payload: sink(j, payload))
+
+    async def _read_shm_batches(self, namespace: str, hashes: list[bytes], sink: BlockSink
+                                ) -> list[int]:
+        """:meth:`_read_shm` of ``hashes`` READ_BATCH at a time, the next batch's
+        Acquire sent before this one is read (see ``KVStoreClient._read_shm_batches``).
+        Returns payload sizes (0 = missing)."""
+        chunks = [hashes[i:i + READ_BATCH] for i in range(0, len(hashes), READ_BATCH)]
         sizes: list[int] = []
-        for i in range(0, len(hashes), 256):
-            sizes += await self._read_shm(namespace, hashes[i:i + 256],
-                                          lambda j, _h, payload: sink(j, payload), i)
+        ahead: Coroutine[Any, Any, pb.AcquireResponse] | None = None
+        try:
+            for k, chunk in enumerate(chunks):
+                resp, ahead = (await ahead if ahead is not None else None), None
+                if k + 1 < len(chunks):
+                    ahead = self._started(self._stub.Acquire, pb.AcquireRequest(
+                        namespace=namespace, block_hashes=chunks[k + 1]))
+                    await asyncio.sleep(0)  # (its request sent before the copies hold the loop)
+                sizes += await self._read_shm(namespace, chunk, sink, k * READ_BATCH, resp)
+        except BaseException:
+            if ahead is not None:  # the lease taken ahead ends now, not at its expiry
+                with contextlib.suppress(Exception):
+                    await self._release_quietly(pb.ReleaseRequest(lease_id=(await ahead).lease_id))
+            raise
         return sizes
 
-    async def _read_shm(self, namespace: str, hashes: list[bytes], sink: BlockSink, base: int = 0
-                        ) -> list[int]:
-        """Read blocks under a lease; ``sink(base + i, header, bytes)`` consumes block i
-        while the lease holds. Returns payload sizes (0 = missing)."""
-        resp = await self._call(self._stub.Acquire,
-                                pb.AcquireRequest(namespace=namespace, block_hashes=hashes))
+    async def _read_shm(self, namespace: str, hashes: list[bytes], sink: BlockSink, base: int = 0,
+                        resp: pb.AcquireResponse | None = None) -> list[int]:
+        """Read blocks under a lease (``resp``: the Acquire of ``hashes`` already
+        answered); ``sink(base + i, header, bytes)`` consumes block i while the lease
+        holds. Returns payload sizes (0 = missing)."""
+        if resp is None:
+            resp = await self._call(self._stub.Acquire,
+                                    pb.AcquireRequest(namespace=namespace, block_hashes=hashes))
         try:
             sizes, overflow, corrupt = read_acquired(resp, self._segments, sink, base)
         except BaseException:  # (a failing sink: the lease ends now, not at its expiry)

@@ -3,6 +3,7 @@ host and its segments attach; gRPC streaming otherwise."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -15,12 +16,14 @@ import grpc
 from kvstore._proto.kvstore.v1 import kvstore_pb2 as pb
 from kvstore._proto.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 from kvstore.client._common import (
+    READ_BATCH,
     BlockSink,
     BlockSpec,
     LookupResult,
     PayloadSink,
     Stats,
     block_from_pb,
+    copy_bytes,
     copy_into,
     fill_overflow,
     lookup_request,
@@ -118,7 +121,7 @@ class KVStoreClient(Holding):
         def fill(batch: Sequence[tuple[int, SlotBuffer]]) -> None:
             for i, slot in batch:
                 region = slot.view()
-                region[:] = blocks[i].payload
+                copy_bytes(region, blocks[i].payload)
                 region.release()
 
         return self.put_in_place(namespace, specs, fill, session_id, workload,
@@ -150,11 +153,9 @@ class KVStoreClient(Holding):
                 out[i] = block_from_pb(h, bytes(payload))
                 return len(payload)
 
-            for i in range(0, len(hashes), 256):
-                sizes = self._read_shm(namespace, hashes[i:i + 256], keep, i)
-                for j, n in enumerate(sizes, i):
-                    if not n:
-                        out[j] = None  # missing, or failed its checksum after the copy
+            for j, n in enumerate(self._read_shm_batches(namespace, hashes, keep)):
+                if not n:
+                    out[j] = None  # missing, or failed its checksum after the copy
             return out
         return self._get_grpc(namespace, hashes)
 
@@ -193,18 +194,39 @@ class KVStoreClient(Holding):
         if not self.uses_shared_memory:
             return [sink(i, b.payload) if b else 0
                     for i, b in enumerate(self._get_grpc(namespace, hashes))]
+        return self._read_shm_batches(namespace, hashes,
+                                      lambda j, _h, payload: sink(j, payload))
+
+    def _read_shm_batches(self, namespace: str, hashes: list[bytes], sink: BlockSink
+                          ) -> list[int]:
+        """:meth:`_read_shm` of ``hashes`` READ_BATCH at a time, the next batch's
+        Acquire in flight on a call thread while this one is read (the server pins and
+        places it meanwhile: the copy here and the server's work overlap, instead of
+        adding up). Returns payload sizes (0 = missing)."""
+        chunks = [hashes[i:i + READ_BATCH] for i in range(0, len(hashes), READ_BATCH)]
         sizes: list[int] = []
-        for i in range(0, len(hashes), 256):
-            sizes += self._read_shm(namespace, hashes[i:i + 256],
-                                    lambda j, _h, payload: sink(j, payload), i)
+        ahead: Callable[[], pb.AcquireResponse] | None = None
+        try:
+            for k, chunk in enumerate(chunks):
+                resp, ahead = (ahead() if ahead is not None else None), None
+                if k + 1 < len(chunks):
+                    ahead = self._acquire_async(namespace, chunks[k + 1])
+                sizes += self._read_shm(namespace, chunk, sink, k * READ_BATCH, resp)
+        except BaseException:
+            if ahead is not None:  # the lease taken ahead ends now, not at its expiry
+                with contextlib.suppress(Exception):
+                    self._release_quietly(pb.ReleaseRequest(lease_id=ahead().lease_id))
+            raise
         return sizes
 
-    def _read_shm(self, namespace: str, hashes: list[bytes], sink: BlockSink, base: int = 0
-                  ) -> list[int]:
-        """Read blocks under a lease; ``sink(base + i, header, bytes)`` consumes block i
-        while the lease holds. Returns payload sizes (0 = missing)."""
-        resp = self._call(self._stub.Acquire,
-                          pb.AcquireRequest(namespace=namespace, block_hashes=hashes))
+    def _read_shm(self, namespace: str, hashes: list[bytes], sink: BlockSink, base: int = 0,
+                  resp: pb.AcquireResponse | None = None) -> list[int]:
+        """Read blocks under a lease (``resp``: the Acquire of ``hashes`` already
+        answered); ``sink(base + i, header, bytes)`` consumes block i while the lease
+        holds. Returns payload sizes (0 = missing)."""
+        if resp is None:
+            resp = self._call(self._stub.Acquire,
+                              pb.AcquireRequest(namespace=namespace, block_hashes=hashes))
         try:
             sizes, overflow, corrupt = read_acquired(resp, self._segments, sink, base)
         except BaseException:  # (a failing sink: the lease ends now, not at its expiry)

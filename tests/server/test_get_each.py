@@ -121,3 +121,118 @@ async def test_a_sink_that_fails_leaves_no_lease_behind(server: Any, blocking: b
                 await ac.get_each("ns", hashes, failing)
     assert seen == list(range(260))
     assert len(server.engine.leases) == 0
+
+
+def test_the_next_acquire_is_in_flight_while_a_batch_is_read(server: Any) -> None:
+    """A read longer than one Acquire (READ_BATCH blocks) sends the next batch's
+    Acquire before the sink has taken the first batch (the server pins and places
+    the next batch while this one is copied); every block still reaches its index."""
+    import time
+
+    from kvstore.client._common import READ_BATCH
+
+    n = 2 * READ_BATCH + 10
+    blocks = make_chain(n, 2_000, seed=8)
+    hashes = [b.block_hash for b in blocks]
+    ahead: list[bool] = []
+    with KVStoreClient(server.address, shared_memory=True) as c:
+        c.put("ns", blocks)
+        before = server.engine.stats.gets
+
+        def sink(i: int, payload: bytes | bytearray | memoryview) -> int:
+            if i % READ_BATCH == 0 and i + READ_BATCH < n:
+                # the next batch's Acquire reaches the server while this one is read
+                acquires = before + i // READ_BATCH + 2
+                deadline = time.monotonic() + 10
+                while server.engine.stats.gets < acquires and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                ahead.append(server.engine.stats.gets >= acquires)
+            return len(payload) if bytes(payload) == bytes(blocks[i].payload) else 0
+
+        assert c.get_each("ns", hashes, sink) == [2_000] * n
+        assert ahead == [True, True]
+        buffers = [bytearray(2_000) for _ in blocks]
+        assert c.get_into("ns", hashes, buffers) == [2_000] * n
+        assert buffers == [bytearray(b.payload) for b in blocks]
+    assert len(server.engine.leases) == 0
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["sync", "async"])
+async def test_a_sink_that_fails_ends_the_lease_taken_ahead(server: Any, blocking: bool
+                                                            ) -> None:
+    """The sink raises in the first of three batches: the lease of the batch acquired
+    ahead ends with the call too (not at its expiry, its blocks pinned until then)."""
+    from kvstore.client._common import READ_BATCH
+
+    blocks = make_chain(3 * READ_BATCH, 500, seed=9)
+
+    def failing(i: int, payload: bytes | bytearray | memoryview) -> int:
+        if i == 10:
+            raise RuntimeError("the sink failed")
+        return len(payload)
+
+    hashes = [b.block_hash for b in blocks]
+    if blocking:
+        with KVStoreClient(server.address, shared_memory=True) as c:
+            c.put("ns", blocks)
+            with pytest.raises(RuntimeError, match="the sink failed"):
+                c.get_each("ns", hashes, failing)
+            assert len(server.engine.leases) == 0 and not server.engine.leases.pins
+    else:
+        async with AsyncKVStoreClient(server.address, shared_memory=True) as ac:
+            await ac.put("ns", blocks)
+            with pytest.raises(RuntimeError, match="the sink failed"):
+                await ac.get_each("ns", hashes, failing)
+            assert len(server.engine.leases) == 0 and not server.engine.leases.pins
+
+
+@pytest.mark.parametrize("size", [1_000, 40_000, 200_000])
+def test_copy_bytes_copies_every_size(size: int) -> None:
+    """Above UNLOCKED_COPY_BYTES the copy is numpy's (it lets go of the GIL), below it a
+    slice assignment: the same bytes either way, into any writable buffer."""
+    import numpy as np
+
+    from kvstore.client._common import UNLOCKED_COPY_BYTES, copy_bytes, copy_into
+    from kvstore.errors import InvalidArgument
+
+    assert 1_000 < UNLOCKED_COPY_BYTES < 40_000
+    src = bytes(np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8))
+    for dst in (bytearray(size), np.zeros(size, np.uint8), np.zeros(size // 4 + 1, np.float32)):
+        assert copy_into(dst, src) == size
+        assert memoryview(dst).cast("B")[:size].tobytes() == src
+    view = memoryview(bytearray(size + 8))
+    copy_bytes(view[4:4 + size], memoryview(src))
+    assert view[4:4 + size].tobytes() == src and view[:4].tobytes() == bytes(4)
+    with pytest.raises(InvalidArgument, match="too small"):
+        copy_into(bytearray(size - 1), src)
+
+
+async def test_async_reads_send_the_next_acquire_before_reading(server: Any) -> None:
+    """The asyncio client's read sends the next batch's Acquire before its copies hold
+    the loop: the server has it while the sink takes the first batch."""
+    import time
+
+    from kvstore.client._common import READ_BATCH
+
+    n = 2 * READ_BATCH + 5
+    blocks = make_chain(n, 2_000, seed=10)
+    ahead: list[bool] = []
+    async with AsyncKVStoreClient(server.address, shared_memory=True) as c:
+        await c.put("ns", blocks)
+        before = server.engine.stats.gets
+
+        def sink(i: int, payload: bytes | bytearray | memoryview) -> int:
+            if i % READ_BATCH == 0 and i + READ_BATCH < n:
+                # (blocking the loop: the next batch's request went out before)
+                acquires = before + i // READ_BATCH + 2
+                deadline = time.monotonic() + 10
+                while server.engine.stats.gets < acquires and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                ahead.append(server.engine.stats.gets >= acquires)
+            return len(payload) if bytes(payload) == bytes(blocks[i].payload) else 0
+
+        assert await c.get_each("ns", [b.block_hash for b in blocks], sink) == [2_000] * n
+        assert ahead == [True, True]
+        got = await c.get("ns", [b.block_hash for b in blocks])
+        assert [b.payload for b in got] == [b.payload for b in blocks]
+    assert len(server.engine.leases) == 0

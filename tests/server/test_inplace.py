@@ -180,3 +180,30 @@ def test_a_reader_that_checks_itself_gets_the_slot_checksum_and_reports_failures
         assert seen == {i: xxhash.xxh3_64_intdigest(b.payload) for i, b in enumerate(blocks)}
         assert c.lookup("ns", hashes[1:2]).num_hit == 1  # the server's check: intact, kept
         assert c.lookup("ns", hashes[2:]).num_hit == 0  # corrupt: dropped
+
+
+def test_small_slots_are_hashed_as_they_are_filled(server) -> None:
+    """A put of more than PARALLEL_HASH_BYTES in slots xxhash hashes holding the GIL
+    is filled a few slots at a time, each hashed right after its fill (in cache): the
+    checksums the commit carries are the bytes written, as a read checks."""
+    from kvstore.client.inplace import _CACHED_SLOTS, PARALLEL_HASH_BYTES, UNLOCKED_HASH_BYTES
+
+    size = 64 * 1024
+    assert size < UNLOCKED_HASH_BYTES
+    n = PARALLEL_HASH_BYTES // size + 8
+    blocks = make_chain(n, size, seed=12)
+    calls: list[int] = []
+
+    def fill(batch: Sequence[tuple[int, SlotBuffer]]) -> None:
+        calls.append(len(batch))
+        for i, slot in batch:
+            view = slot.view()
+            view[:] = blocks[i].payload
+            view.release()
+
+    with KVStoreClient(server.address, shared_memory=True) as c:
+        assert c.put_in_place("ns", _specs(blocks), fill) == n
+        assert sum(calls) == n and max(calls) == _CACHED_SLOTS
+        buffers = [bytearray(size) for _ in blocks]
+        assert c.get_into("ns", [b.block_hash for b in blocks], buffers) == [size] * n
+        assert buffers == [bytearray(b.payload) for b in blocks]
