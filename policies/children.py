@@ -38,9 +38,10 @@ class ChildIndex:
         self._sizes: dict[Hashable, int] = {}
         # Keyed by parent whether or not the parent is cached, so a child stored
         # before its parent is linked as soon as the parent arrives. A parent with one
-        # child (every block of a chain but its last) holds a 1-tuple, a set from the
-        # second child on: an empty set alone is 216 bytes, and the collector tracks it.
-        self._children: dict[Hashable, tuple[Hashable] | set[Hashable]] = {}
+        # child (every block of a chain but its last) holds a 1-tuple, a dict from the
+        # second child on (keys only, in the order linked: the walks visit children in
+        # this order, and a set's would follow the keys' hashes, so PYTHONHASHSEED).
+        self._children: dict[Hashable, tuple[Hashable] | dict[Hashable, None]] = {}
         # Where the last walk from a root stopped (the deepest block it left), so the
         # next one starts there instead of walking down the chain again; stamped with
         # the epoch, which moves whenever a block with cached children leaves (the
@@ -99,9 +100,9 @@ class ChildIndex:
             self._children[parent] = (key,)
         elif isinstance(kids, tuple):
             if kids[0] != key:
-                self._children[parent] = {kids[0], key}
+                self._children[parent] = {kids[0]: None, key: None}
         else:
-            kids.add(key)
+            kids[key] = None
 
     def _is_above(self, key: Hashable, node: Hashable) -> bool:
         """Whether ``key`` is ``node`` or one of its cached ancestors (the links held
@@ -129,7 +130,7 @@ class ChildIndex:
                 if kids[0] == key:
                     del self._children[parent]
             elif kids is not None:
-                kids.discard(key)
+                kids.pop(key, None)
                 if not kids:
                     del self._children[parent]
 

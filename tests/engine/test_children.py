@@ -214,3 +214,34 @@ def test_a_link_that_would_close_a_cycle_is_not_made() -> None:
     assert victims is not None and sorted(victims) == ["a", "b", "c", "x", "y", "z"]
     assert victims.index("x") < victims.index("y")
     assert victims.index("b") < victims.index("a") < victims.index("c")
+
+
+def test_siblings_go_in_the_order_they_were_linked_whatever_the_hash_seed() -> None:
+    """A parent's children are walked in the order they were linked, not in their
+    hashes' order: with a set, which sibling's subtree the engine evicted first moved
+    with PYTHONHASHSEED (the keys are str/bytes), and so did the replays' hit rates
+    (``vllm-arc`` on a generated mix: 73.82% under one hash seed, 73.67% under another).
+    Checked in fresh interpreters under three hash seeds, and against the link order."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import json\n"
+        "from kvstore.policies.children import ChildIndex\n"
+        "idx = ChildIndex()\n"
+        "idx.add(b'root', None, 1)\n"
+        "kids = [bytes([65 + i]) * 8 for i in range(12)]\n"
+        "for k in kids:\n"
+        "    idx.add(k, b'root', 1)\n"
+        "idx.remove(kids[3]); idx.add(kids[3], b'root', 1)  # re-linked: now the last\n"
+        "print(json.dumps([v.decode() for v in idx.take([b'root'], 6, set())]))\n")
+    orders = []
+    for seed in ("1", "2", "3"):
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             check=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        orders.append(json.loads(out.stdout))
+    kids = [chr(65 + i) * 8 for i in range(12)]
+    linked = kids[:3] + kids[4:] + kids[3:4]
+    assert orders == [linked[:6]] * 3
