@@ -86,6 +86,13 @@ def to_toml(sections: Mapping[str, Mapping[str, ConfigValue]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The folder this process imported ``kvstore`` from: the default command runs the
+#: server from there, so it imports the same code (``python -m`` puts its working folder
+#: first on the path, before ``PYTHONPATH``: a benchmark of another tree run from this
+#: one's folder ran this tree's server, and its client too when started with ``-m``).
+_TREE = str(Path(__file__).resolve().parents[2])
+
+
 class LocalServer:
     """``kvstore serve`` as a subprocess on loopback, on a fixed data dir and port.
 
@@ -111,6 +118,8 @@ class LocalServer:
         self.port = port or free_port()
         self.extra_env = {**(LOOPBACK_EVENTS if loopback_events else {}), **(env or {})}
         self.config = config
+        #: (the default command runs from the tree this process's ``kvstore`` is in)
+        self._cwd = _TREE if command is None else None
         if command is None:
             self.command = [sys.executable, "-m", "kvstore"]
         else:
@@ -172,7 +181,7 @@ class LocalServer:
         with open(self.log_path, "ab") as log:
             started_at = log.tell()
             self.proc = subprocess.Popen(cmd, env={**base, **self.extra_env}, stdout=log,
-                                         stderr=subprocess.STDOUT)
+                                         stderr=subprocess.STDOUT, cwd=self._cwd)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -87,3 +87,22 @@ def test_free_port_and_toml() -> None:
     assert 10_000 <= port < low  # below the range clients' connections are given
     assert to_toml({"engine": {"policy": "lru", "x": 2, "on": True}}) == \
         '[engine]\npolicy = "lru"\nx = 2\non = true\n'
+
+
+def test_the_server_runs_the_code_this_process_imported_wherever_it_is_started_from(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m kvstore`` puts its working folder first on the path, before
+    ``PYTHONPATH``: a benchmark of another tree started from this one's folder (or from
+    any folder holding a ``kvstore``) ran that folder's server. The default command runs
+    from the tree this process imported ``kvstore`` from."""
+    from kvstore.client import KVStoreClient
+
+    other = tmp_path / "other-tree" / "kvstore"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("")
+    (other / "__main__.py").write_text("raise SystemExit('the wrong tree ran: 7')\n")
+    monkeypatch.chdir(other.parent)
+    with LocalServer(tmp_path / "data") as server, \
+            KVStoreClient(server.address, shared_memory=False) as c:
+        assert c.stats().blocks == 0
+    assert "the wrong tree ran" not in server.log_path.read_text()
