@@ -24,10 +24,12 @@ def make_blocks(n: int, size: int, seed: int) -> list[Any]:
     return out
 
 
-def measure(address: str, path: str, size: int, n: int, repeats: int, security: Any = None
-            ) -> dict[str, float]:
+def measure(address: str, path: str, size: int, n: int, repeats: int, security: Any = None,
+            rounds: dict[str, list[float]] | None = None) -> dict[str, float]:
     """Best-of-N put, get (new bytes per block) and get_into (caller's buffer) times,
-    after one round that is not timed.
+    after one round that is not timed; ``rounds``, if given, gets every timed round's
+    times too (per op, in order: their median is steadier than the best on a shared
+    machine).
 
     What the first round pays once, a long-lived client (the vLLM and LMCache
     connectors) pays when it connects: the channel's connection, the client's
@@ -59,6 +61,10 @@ def measure(address: str, path: str, size: int, n: int, repeats: int, security: 
             if rep:
                 put_s, get_s, into_s = (min(put_s, t1 - t0), min(get_s, t2 - t1),
                                         min(into_s, t3 - t2))
+                if rounds is not None:
+                    for op, seconds in (("put", t1 - t0), ("get", t2 - t1),
+                                        ("get_into", t3 - t2)):
+                        rounds.setdefault(op, []).append(seconds)
             if [g.payload if g else None for g in got] != [b.payload for b in blocks] or \
                     sizes != [size] * n or dest[:size].tobytes() != blocks[0].payload:
                 raise RuntimeError(f"{path}: data read back differs from data written")
