@@ -229,8 +229,9 @@ class AsyncKVStoreClient:
         the block is missing. Raises InvalidArgument if a buffer is too small."""
         if len(buffers) != len(hashes):
             raise InvalidArgument(f"get_into: {len(hashes)} hashes but {len(buffers)} buffers")
+        unlocked = len(hashes) > READ_BATCH  # (see KVStoreClient.get_into)
         return await self.get_each(namespace, hashes,
-                                   lambda i, payload: copy_into(buffers[i], payload))
+                                   lambda i, payload: copy_into(buffers[i], payload, unlocked))
 
     async def get_each(self, namespace: str, hashes: Sequence[bytes],
                        sink: PayloadSink) -> list[int]:

@@ -179,7 +179,10 @@ class KVStoreClient(Holding):
         the block is missing. Raises InvalidArgument if a buffer is too small."""
         if len(buffers) != len(hashes):
             raise InvalidArgument(f"get_into: {len(hashes)} hashes but {len(buffers)} buffers")
-        return self.get_each(namespace, hashes, lambda i, payload: copy_into(buffers[i], payload))
+        # (the copies let go of the GIL where the next batch's Acquire is in flight)
+        unlocked = len(hashes) > READ_BATCH
+        return self.get_each(namespace, hashes,
+                             lambda i, payload: copy_into(buffers[i], payload, unlocked))
 
     def get_each(self, namespace: str, hashes: Sequence[bytes], sink: PayloadSink) -> list[int]:
         """Hand each stored block's payload to ``sink(i, payload)``, which copies it where

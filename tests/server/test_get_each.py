@@ -197,12 +197,14 @@ def test_copy_bytes_copies_every_size(size: int) -> None:
 
     assert 1_000 < UNLOCKED_COPY_BYTES < 40_000
     src = bytes(np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8))
-    for dst in (bytearray(size), np.zeros(size, np.uint8), np.zeros(size // 4 + 1, np.float32)):
-        assert copy_into(dst, src) == size
-        assert memoryview(dst).cast("B")[:size].tobytes() == src
-    view = memoryview(bytearray(size + 8))
-    copy_bytes(view[4:4 + size], memoryview(src))
-    assert view[4:4 + size].tobytes() == src and view[:4].tobytes() == bytes(4)
+    for unlocked in (True, False):
+        for dst in (bytearray(size), np.zeros(size, np.uint8),
+                    np.zeros(size // 4 + 1, np.float32)):
+            assert copy_into(dst, src, unlocked) == size
+            assert memoryview(dst).cast("B")[:size].tobytes() == src
+        view = memoryview(bytearray(size + 8))
+        copy_bytes(view[4:4 + size], memoryview(src), unlocked)
+        assert view[4:4 + size].tobytes() == src and view[:4].tobytes() == bytes(4)
     with pytest.raises(InvalidArgument, match="too small"):
         copy_into(bytearray(size - 1), src)
 
@@ -236,3 +238,33 @@ async def test_async_reads_send_the_next_acquire_before_reading(server: Any) -> 
         got = await c.get("ns", [b.block_hash for b in blocks])
         assert [b.payload for b in got] == [b.payload for b in blocks]
     assert len(server.engine.leases) == 0
+
+
+def test_an_unlocked_copy_lets_another_thread_run() -> None:
+    """What ``unlocked`` is for: while a large copy runs, a thread of the same process
+    (the client's call thread with a reply to take) gets the interpreter."""
+    import threading
+
+    from kvstore.client._common import copy_bytes
+
+    size = 64 * 2**20
+    src, dst = bytes(size), memoryview(bytearray(size))
+    ticks = [0]
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            ticks[0] += 1
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    try:
+        ran = []
+        for _ in range(5):
+            before = ticks[0]
+            copy_bytes(dst, src, unlocked=True)
+            ran.append(ticks[0] - before)
+    finally:
+        stop.set()
+        thread.join()
+    assert max(ran) > 0, ran
