@@ -163,7 +163,7 @@ class AsyncKVStoreClient:
                 if not d.slot_id:
                     continue
                 region = self._segments.region(d)
-                copy_bytes(region, b.payload)
+                copy_bytes(region, b.payload, unlocked=False)  # (no call thread beside it)
                 region.release()
                 digests.append(xxhash.xxh3_64_intdigest(b.payload))  # recorded by the server
                 slots.append(d)

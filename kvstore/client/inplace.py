@@ -210,8 +210,10 @@ class InPlace:
 
     def _fill_and_hash(self, todo: list[tuple[int, SlotBuffer]], fill: SlotCallback
                        ) -> list[int]:
-        """``fill`` the slots, FILL_CHUNK_BYTES at a time, and return each one's xxh3-64:
-        a chunk is hashed on a call thread while the next one is filled."""
+        """``fill`` the slots and return each one's xxh3-64: large slots FILL_CHUNK_BYTES
+        at a time, a chunk hashed on a call thread while the next one is filled; small
+        ones (which xxhash hashes holding the GIL) a few at a time, each few hashed here
+        right after its fill."""
         total = sum(slot.length for _, slot in todo)
         if total < PARALLEL_HASH_BYTES:
             fill(todo)

@@ -34,6 +34,7 @@ from kvstore.client._common import (
 )
 from kvstore.client.held import Renewer
 from kvstore.client.holding import Holding
+from kvstore.client.inplace import PARALLEL_HASH_BYTES
 from kvstore.client.probe import probe_failed, use_segments
 from kvstore.client.segments import SegmentCache, SlotBuffer
 from kvstore.errors import InvalidArgument, KVStoreError
@@ -117,11 +118,14 @@ class KVStoreClient(Holding):
                 namespace, blocks, tags(session_id, workload, request_id))).stored)
         specs = [BlockSpec(b.block_hash, b.parent_hash, tuple(b.token_ids), len(b.payload))
                  for b in blocks]
+        # The copies let go of the GIL where call threads work beside them (a put this
+        # large is pipelined or hashed in chunks on them: ``put_in_place``).
+        unlocked = sum(s.size for s in specs) >= PARALLEL_HASH_BYTES
 
         def fill(batch: Sequence[tuple[int, SlotBuffer]]) -> None:
             for i, slot in batch:
                 region = slot.view()
-                copy_bytes(region, blocks[i].payload)
+                copy_bytes(region, blocks[i].payload, unlocked)
                 region.release()
 
         return self.put_in_place(namespace, specs, fill, session_id, workload,
