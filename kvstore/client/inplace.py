@@ -53,9 +53,10 @@ FILL_CHUNK_BYTES = 8 * 2**20
 #: xxhash lets go of the GIL for a buffer about this large or larger (measured here:
 #: two threads hashing 64 KiB buffers took as long as one, 256 KiB ones 1.5x less).
 UNLOCKED_HASH_BYTES = 256 * 2**10
-#: Small slots are filled and hashed this many at a time (in the core's cache between
-#: the two).
-_CACHED_SLOTS = 4
+#: Small slots are filled and hashed about this many bytes at a time (in the core's cache
+#: between the two; each ``fill`` call may have a cost of its own, as the vLLM
+#: connector's gather does, so not one slot at a time).
+CACHED_FILL_BYTES = 1 * 2**20
 
 T = TypeVar("T")
 
@@ -212,8 +213,8 @@ class InPlace:
                        ) -> list[int]:
         """``fill`` the slots and return each one's xxh3-64: large slots FILL_CHUNK_BYTES
         at a time, a chunk hashed on a call thread while the next one is filled; small
-        ones (which xxhash hashes holding the GIL) a few at a time, each few hashed here
-        right after its fill."""
+        ones (which xxhash hashes holding the GIL) CACHED_FILL_BYTES at a time, each such
+        chunk hashed here right after its fill."""
         total = sum(slot.length for _, slot in todo)
         if total < PARALLEL_HASH_BYTES:
             fill(todo)
@@ -223,8 +224,9 @@ class InPlace:
             # chunk would only take turns with the filling of the next. Each small
             # chunk is hashed here right after it is filled, while it is in cache.
             out: list[int] = []
-            for k in range(0, len(todo), _CACHED_SLOTS):
-                chunk = todo[k:k + _CACHED_SLOTS]
+            per = max(1, CACHED_FILL_BYTES * len(todo) // total)
+            for k in range(0, len(todo), per):
+                chunk = todo[k:k + per]
                 fill(chunk)
                 out += [xxhash.xxh3_64_intdigest(slot.view()) for _, slot in chunk]
             return out

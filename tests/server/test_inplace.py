@@ -184,9 +184,13 @@ def test_a_reader_that_checks_itself_gets_the_slot_checksum_and_reports_failures
 
 def test_small_slots_are_hashed_as_they_are_filled(server) -> None:
     """A put of more than PARALLEL_HASH_BYTES in slots xxhash hashes holding the GIL
-    is filled a few slots at a time, each hashed right after its fill (in cache): the
-    checksums the commit carries are the bytes written, as a read checks."""
-    from kvstore.client.inplace import _CACHED_SLOTS, PARALLEL_HASH_BYTES, UNLOCKED_HASH_BYTES
+    is filled CACHED_FILL_BYTES at a time, each chunk hashed right after its fill (in
+    cache): the checksums the commit carries are the bytes written, as a read checks."""
+    from kvstore.client.inplace import (
+        CACHED_FILL_BYTES,
+        PARALLEL_HASH_BYTES,
+        UNLOCKED_HASH_BYTES,
+    )
 
     size = 64 * 1024
     assert size < UNLOCKED_HASH_BYTES
@@ -203,7 +207,7 @@ def test_small_slots_are_hashed_as_they_are_filled(server) -> None:
 
     with KVStoreClient(server.address, shared_memory=True) as c:
         assert c.put_in_place("ns", _specs(blocks), fill) == n
-        assert sum(calls) == n and max(calls) == _CACHED_SLOTS
+        assert sum(calls) == n and max(calls) == CACHED_FILL_BYTES // size
         buffers = [bytearray(size) for _ in blocks]
         assert c.get_into("ns", [b.block_hash for b in blocks], buffers) == [size] * n
         assert buffers == [bytearray(b.payload) for b in blocks]
