@@ -123,34 +123,44 @@ async def test_a_sink_that_fails_leaves_no_lease_behind(server: Any, blocking: b
     assert len(server.engine.leases) == 0
 
 
+class _AheadSink:
+    """A sink that, at the start of each batch but the last, waits (up to 10 s) until the
+    server has counted the next batch's Acquire too, and records whether it came: a
+    read that sends the next Acquire ahead gets it while this batch is read. Checks
+    each payload against the block stored."""
+
+    def __init__(self, server: Any, blocks: list[Any], batch: int) -> None:
+        self.server, self.blocks, self.batch = server, blocks, batch
+        self.before = server.engine.stats.gets
+        self.ahead: list[bool] = []
+
+    def __call__(self, i: int, payload: bytes | bytearray | memoryview) -> int:
+        import time
+
+        if i % self.batch == 0 and i + self.batch < len(self.blocks):
+            # (blocking this thread, and the asyncio client's loop: the request went out before)
+            acquires = self.before + i // self.batch + 2
+            deadline = time.monotonic() + 10
+            while self.server.engine.stats.gets < acquires and time.monotonic() < deadline:
+                time.sleep(0.005)
+            self.ahead.append(self.server.engine.stats.gets >= acquires)
+        return len(payload) if bytes(payload) == bytes(self.blocks[i].payload) else 0
+
+
 def test_the_next_acquire_is_in_flight_while_a_batch_is_read(server: Any) -> None:
     """A read longer than one Acquire (READ_BATCH blocks) sends the next batch's
     Acquire before the sink has taken the first batch (the server pins and places
     the next batch while this one is copied); every block still reaches its index."""
-    import time
-
     from kvstore.client._common import READ_BATCH
 
     n = 2 * READ_BATCH + 10
     blocks = make_chain(n, 2_000, seed=8)
     hashes = [b.block_hash for b in blocks]
-    ahead: list[bool] = []
     with KVStoreClient(server.address, shared_memory=True) as c:
         c.put("ns", blocks)
-        before = server.engine.stats.gets
-
-        def sink(i: int, payload: bytes | bytearray | memoryview) -> int:
-            if i % READ_BATCH == 0 and i + READ_BATCH < n:
-                # the next batch's Acquire reaches the server while this one is read
-                acquires = before + i // READ_BATCH + 2
-                deadline = time.monotonic() + 10
-                while server.engine.stats.gets < acquires and time.monotonic() < deadline:
-                    time.sleep(0.005)
-                ahead.append(server.engine.stats.gets >= acquires)
-            return len(payload) if bytes(payload) == bytes(blocks[i].payload) else 0
-
+        sink = _AheadSink(server, blocks, READ_BATCH)
         assert c.get_each("ns", hashes, sink) == [2_000] * n
-        assert ahead == [True, True]
+        assert sink.ahead == [True, True]
         buffers = [bytearray(2_000) for _ in blocks]
         assert c.get_into("ns", hashes, buffers) == [2_000] * n
         assert buffers == [bytearray(b.payload) for b in blocks]
@@ -212,29 +222,15 @@ def test_copy_bytes_copies_every_size(size: int) -> None:
 async def test_async_reads_send_the_next_acquire_before_reading(server: Any) -> None:
     """The asyncio client's read sends the next batch's Acquire before its copies hold
     the loop: the server has it while the sink takes the first batch."""
-    import time
-
     from kvstore.client._common import READ_BATCH
 
     n = 2 * READ_BATCH + 5
     blocks = make_chain(n, 2_000, seed=10)
-    ahead: list[bool] = []
     async with AsyncKVStoreClient(server.address, shared_memory=True) as c:
         await c.put("ns", blocks)
-        before = server.engine.stats.gets
-
-        def sink(i: int, payload: bytes | bytearray | memoryview) -> int:
-            if i % READ_BATCH == 0 and i + READ_BATCH < n:
-                # (blocking the loop: the next batch's request went out before)
-                acquires = before + i // READ_BATCH + 2
-                deadline = time.monotonic() + 10
-                while server.engine.stats.gets < acquires and time.monotonic() < deadline:
-                    time.sleep(0.005)
-                ahead.append(server.engine.stats.gets >= acquires)
-            return len(payload) if bytes(payload) == bytes(blocks[i].payload) else 0
-
+        sink = _AheadSink(server, blocks, READ_BATCH)
         assert await c.get_each("ns", [b.block_hash for b in blocks], sink) == [2_000] * n
-        assert ahead == [True, True]
+        assert sink.ahead == [True, True]
         got = await c.get("ns", [b.block_hash for b in blocks])
         assert [b.payload for b in got] == [b.payload for b in blocks]
     assert len(server.engine.leases) == 0
