@@ -326,10 +326,10 @@ class AdaptivePolicy(Guard, Policy):
         for g in (self._fghost, self._wghost):
             if g is not None:
                 indexes.append(g.children)
-        for info in infos:
-            if info.parent is not None:
-                for idx in indexes:
-                    idx.link(info.key, info.parent)
+        pairs = [(info.key, info.parent) for info in infos if info.parent is not None]
+        if pairs:
+            for idx in indexes:
+                idx.link_many(pairs)
 
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
         self.bets.on_access(key, tier, now)

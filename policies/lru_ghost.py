@@ -96,8 +96,8 @@ class LRUGhost:
         move = ghost.move_to_end
         gone = self.gone
         lost = 0
-        add = self.children.add
         added: list[Hashable] = []
+        links: list[tuple[Hashable, Hashable | None, int]] = []
         j = len(keys)
         for k in reversed(keys[start:]):  # the engine's order: the first block ends most recent
             j -= 1
@@ -111,7 +111,8 @@ class LRUGhost:
                 self.used += size
                 ghost[k] = size
                 added.append(k)
-                add(k, keys[j - 1] if j else None, size)
+                links.append((k, keys[j - 1] if j else None, size))
+        self.children.add_many(links)
         if self.used > self.capacity:
             shield = (self.retained.shield(ghost, self.capacity, now) if self.retained
                       else None)

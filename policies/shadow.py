@@ -227,8 +227,7 @@ class WorkloadGhost:
         if fit:
             infos = infos[:fit]
             pol.on_insert_many(infos, name, now)
-            for info in infos:
-                children.add(info.key, info.parent, size)
+            children.add_many([(info.key, info.parent, size) for info in infos])
 
 
 class FrequencyGhost:
@@ -317,8 +316,8 @@ class FrequencyGhost:
             # fit go in one call (the same inserts as the loop below, without a call each).
             fit = max(0, (tr.capacity - tr.used) // size)
             pol.on_insert_many([BlockInfo(k, size) for k in added[:fit]], name, 0.0)
-            for j in new[:fit]:
-                children.add(keys[j], keys[j - 1] if j else None, size)
+            children.add_many([(keys[j], keys[j - 1] if j else None, size)
+                               for j in new[:fit]])
             return
         for j in new:
             if tr.used + size > tr.capacity:

@@ -22,11 +22,15 @@ to the policy unchanged.
 from __future__ import annotations
 
 from collections.abc import Container, Hashable, Iterable, Sequence
+from operator import itemgetter
 
 from kvstore.policies import BlockInfo, Hint, Move, Plan, Policy, RequestInfo, TierSpec
 from kvstore.policies.children import ChildIndex
 
 __all__ = ["EvictionManager"]
+
+#: a BlockInfo's (key, parent, size), as ChildIndex.add_many takes them
+_KEY_PARENT_SIZE = itemgetter(0, 2, 1)
 
 
 class EvictionManager:
@@ -88,9 +92,7 @@ class EvictionManager:
             for info in infos:
                 self.on_insert(info, tier, now)
             return
-        add = self._index(tier).add
-        for info in infos:
-            add(info.key, info.parent, info.size)
+        self._index(tier).add_many(map(_KEY_PARENT_SIZE, infos))
         self.inner.on_insert_many(infos, tier, now)
 
     def on_access(self, key: Hashable, tier: str, now: float) -> None:
