@@ -10,9 +10,15 @@ through one gather or scatter per layer (:class:`~.layout.LayerLayout`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+import numpy as np
+import xxhash
 from kvstore.connectors.vllm.layout import KVLayout, LayoutError
-from kvstore.connectors.vllm.rows import ByteRows, Bytes, copy_rows, host_bytes
+from kvstore.connectors.vllm.rows import ByteRows, Bytes, SlotArrays, copy_rows, host_bytes
+
+if TYPE_CHECKING:
+    from kvstore.client import SlotBuffer
 
 __all__ = ["HostKV"]
 
@@ -28,6 +34,43 @@ class HostKV:
             host_bytes(layer.tensor) if layer.rows is not None else None
             for layer in layout.layers
         ]
+
+    @property
+    def direct(self) -> bool:
+        """Whether every layer's blocks are runs of its tensor's bytes (every vLLM 0.32
+        CPU layout), so that :meth:`from_slots_checked` can load them."""
+        return all(b is not None for b in self._bases)
+
+    def from_slots_checked(self, block_ids: Sequence[int], slots: Sequence[SlotBuffer],
+                           header: int) -> list[int]:
+        """Copy each slot's body (past its first ``header`` bytes) into its block, one
+        layer's row at a time, hashing each row in the KV tensor right after its copy,
+        while it is in the cache: each byte is read from memory once, where a check of
+        the slot beside the copy read it twice. Returns the positions whose header and
+        copied body do not hash to the slot's checksum (a slot without one is copied
+        unchecked). Hashing what was copied is the stronger check: a slot overwritten
+        while it was read fails as surely as a corrupt one. Needs :attr:`direct`."""
+        layers = self.layout.layers
+        bases = self._bases
+        arrays = SlotArrays()
+        failed: list[int] = []
+        for j, (block, slot) in enumerate(zip(block_ids, slots, strict=True)):
+            src = arrays.base(slot.buffer)
+            at = slot.offset + header
+            h = xxhash.xxh3_64(slot.buffer[slot.offset:at]) if slot.checksum is not None else None
+            for layer, base in zip(layers, bases, strict=True):
+                if base is None:
+                    raise LayoutError(f"layer {layer.name} is not rows of its tensor")
+                n = layer.nbytes
+                o = layer.first_byte + block * layer.block_stride
+                dst = base[o:o + n]
+                np.copyto(dst, src[at + layer.offset:at + layer.offset + n])
+                if h is not None:
+                    h.update(dst)
+            if h is not None and h.intdigest() != slot.checksum:
+                failed.append(j)
+        arrays.clear()
+        return failed
 
     def _kv_rows(self, i: int, block_ids: Sequence[int]) -> ByteRows | None:
         base = self._bases[i]

@@ -3,10 +3,15 @@
 One ``Acquire`` leases every block a step loads; while the lease holds, the
 payloads are read in the sidecar's shared-memory slots themselves
 (``get_in_place``): each header is checked (namespace and layout digest,
-block hash, length), each slot is hashed once on a helper thread while the
-main thread copies it, against the checksum the sidecar recorded from the
-save's commit and returned with the slot (one xxh3 pass per loaded byte; the
-client does not check again: ``verify=False``), and the lease is released.
+block hash, length), each slot is checked once against the checksum the
+sidecar recorded from the save's commit and returned with the slot (one xxh3
+pass per loaded byte; the client does not check again: ``verify=False``), and
+the lease is released. Into host KV tensors whose blocks are runs of bytes the
+check is fused with the copy: each layer's row is hashed in the KV tensor right
+after it is copied there, while it is in the cache, so each byte is read from
+memory once (:meth:`HostKV.from_slots_checked`; the blocks split between the
+calling thread and the checksum helpers); elsewhere a helper hashes each slot
+while the calling thread copies it.
 A slot that fails is reported to the sidecar, which drops that copy. Nothing is copied on the
 way: the host backend copies slot -> KV tensor (:class:`DirectLoad`), a
 device backend slot -> pinned staging -> device, layer by layer, on its own
@@ -25,10 +30,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from kvstore.connectors.vllm import threads as conn_threads
 from kvstore.connectors.vllm.payload import (
@@ -53,6 +58,7 @@ __all__ = ["Checker", "DirectLoad", "LayerwiseLoad", "LoadJob"]
 logger = logging.getLogger("kvstore.connectors.vllm")
 
 Batch = Sequence[tuple[int, "SlotBuffer"]]
+T = TypeVar("T")
 
 
 class Pending:
@@ -112,6 +118,23 @@ class Checker:
             self._pool.submit(run, good[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)
         ])
 
+    def split(self, items: Sequence[T], fn: Callable[[Sequence[T]], list[int]]) -> list[int]:
+        """``fn`` over ``items`` cut in ``threads + 1`` contiguous parts: the helpers
+        run the later ones while this thread runs the first; the lists they return,
+        joined in order (the helpers' are waited for even when this thread's fails)."""
+        parts = self.threads + 1
+        n = len(items)
+        bounds = [n * k // parts for k in range(parts + 1)]
+        cuts = [items[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+        if not cuts:
+            return []
+        futures = [self._pool.submit(fn, part) for part in cuts[1:]]
+        try:
+            first = fn(cuts[0])
+        finally:
+            rest = [f.result() for f in futures]
+        return [i for part in (first, *rest) for i in part]
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
@@ -163,7 +186,8 @@ class LoadJob:
 
 class DirectLoad:
     """Load into host KV tensors: slot -> KV tensor, one copy, on the calling thread
-    (the step's, for a synchronous load; a connector thread's, asynchronously)."""
+    (the step's, for a synchronous load; a connector thread's, asynchronously) and,
+    where the copy and its check are one pass, the checksum helpers."""
 
     def __init__(self, kv: HostKV, checker: Checker, link: SidecarLink) -> None:
         self.kv = kv
@@ -173,6 +197,12 @@ class DirectLoad:
     def run(self, job: LoadJob) -> None:
         def read(batch: Batch) -> list[int]:
             good, bad = self.checker.headers(batch, job.hashes)
+            if self.kv.direct:
+                with job.gate:  # a load given up (late) copies nothing
+                    if job.cancelled:
+                        return []
+                    failed = self.checker.split(good, copy_checked)
+                return done(good, bad, failed)
             pending = self.checker.bodies(good)
             try:
                 with job.gate:  # a load given up (late) copies nothing
@@ -185,6 +215,16 @@ class DirectLoad:
                     arrays.clear()
             finally:
                 failed = pending.result()
+            return done(good, bad, failed)
+
+        def copy_checked(part: Sequence[tuple[int, SlotBuffer]]) -> list[int]:
+            # (each slot copied and its copy hashed in one pass: HostKV.from_slots_checked)
+            wrong = self.kv.from_slots_checked([job.block_ids[i] for i, _ in part],
+                                               [s for _, s in part], HEADER_SIZE)
+            return [part[k][0] for k in wrong]
+
+        def done(good: Sequence[tuple[int, SlotBuffer]], bad: list[int],
+                 failed: list[int]) -> list[int]:
             job.failed_checksums(failed)
             for i, _ in good:
                 job.ok[i] = True

@@ -195,6 +195,37 @@ def test_movers_write_bodies_and_read_them_back(name: str) -> None:
     assert torch.equal(b.gather(dst_ids), expected)
 
 
+@pytest.mark.parametrize("name", sorted(RAW))
+def test_a_host_load_copies_and_checks_each_slot_in_one_pass(name: str) -> None:
+    """The direct load's copy-and-check: every block lands, a slot whose bytes do not
+    hash to its checksum is named (its header or its body), one without a checksum is
+    copied unchecked."""
+    import xxhash
+
+    if DEVICE.type != "cpu":
+        pytest.skip("host KV only")
+    a, b = KVLayout(caches(name, 0), NB), KVLayout(caches(name, 1), NB)
+    kv_a, kv_b = HostKV(a), HostKV(b)
+    assert kv_b.direct
+    src_ids, dst_ids = [3, 4, 5, 9, 10], [0, 1, 7, 8, 2]
+    seg, slots = _slots(5, a.block_bytes, gap=64)
+    kv_a.to_bodies(src_ids, SlotArrays().rows(slots, HEADER_SIZE, a.block_bytes))
+    for i, slot in enumerate(slots):
+        seg[slot.offset:slot.offset + HEADER_SIZE] = bytes([i + 1]) * HEADER_SIZE
+    sums = [xxhash.xxh3_64_intdigest(slot.view()) for slot in slots]
+    seg[slots[1].offset + HEADER_SIZE + a.block_bytes - 1] ^= 1  # the body's last byte
+    seg[slots[2].offset + 3] ^= 1  # a header byte
+    checked = [SlotBuffer(s.buffer, s.offset, s.length, c)
+               for s, c in zip(slots, sums, strict=True)]
+    checked[4] = SlotBuffer(slots[4].buffer, slots[4].offset, slots[4].length)  # none
+    assert kv_b.from_slots_checked(dst_ids, checked, HEADER_SIZE) == [1, 2]
+    expected = a.gather(src_ids)
+    got = b.gather(dst_ids)
+    for i in (0, 2, 3, 4):
+        assert torch.equal(got[i], expected[i])
+    assert not torch.equal(got[1], expected[1])  # copied as it was, and named
+
+
 def test_staged_load_releases_layers_one_by_one_and_cancels() -> None:
     layout = KVLayout(caches("LBNHC", 0), NB)
     source = KVLayout(caches("LBNHC", 1), NB)
@@ -350,7 +381,26 @@ def test_one_hash_pass_per_saved_and_per_loaded_byte(server_factory: Any,
             hashed.append(n)
         return real(data, *args)
 
+    class Counting:
+        """xxh3-64 fed in pieces (a load hashes each row it copies)."""
+
+        def __init__(self, data: Any = b"") -> None:
+            self._h = real_stream()
+            self._n = 0
+            self.update(data)
+
+        def update(self, data: Any) -> None:
+            self._n += memoryview(data).nbytes
+            self._h.update(data)
+
+        def intdigest(self) -> int:
+            if self._n >= 1024:
+                hashed.append(self._n)
+            return int(self._h.intdigest())
+
+    real_stream = xxhash.xxh3_64
     monkeypatch.setattr(xxhash, "xxh3_64_intdigest", counting)
+    monkeypatch.setattr(xxhash, "xxh3_64", Counting)
     results: list[SaveResult] = []
     queue = SaveQueue(kv_for(layout), link, "ns", digest, lambda job, r: results.append(r))
     hashes = [os.urandom(32) for _ in range(6)]
