@@ -337,6 +337,29 @@ def test_the_bets_hand_named_sessions_back_once_lrus_lead_is_proven() -> None:
     assert pol._bettor is pol.lru or pol.leader == "bets"
 
 
+def test_the_bets_gain_is_proven_from_their_ghosts_lowest_point() -> None:
+    """The evidence that puts the bets back counts their gain from their ghost's lowest
+    point: a losing phase does not carry its deficit into a later gain, though its
+    spread still counts. (Carried, as before, 50 requests 4 blocks behind needed 73
+    requests 4 blocks ahead, not 17.)"""
+    pol = AdaptivePolicy([TierSpec("dram", 10_000)])
+    pol._mean_n = 4.0  # (named requests of four blocks)
+    for _ in range(50):  # the ghost 4 blocks behind LRU's, request after request
+        assert not pol._shows(-4.0, -1.0)
+    assert pol.shown == pol._shown_pb == 0.0  # (no deficit)
+    assert pol.shown_swing == 800.0 and pol._shown_pb_swing == 50.0  # (the spread counts)
+    ahead = 1
+    while not pol._shows(4.0, 1.0):  # then 4 blocks ahead
+        ahead += 1
+    assert ahead == 17  # 68 blocks against 2 * sqrt(50 * 16 + 17 * 16) = 65.5
+    # a dip that stays above the lowest point is evidence like any other
+    pol = AdaptivePolicy([TierSpec("dram", 10_000)])
+    pol._mean_n = 4.0
+    for s in (4.0, 4.0, -4.0):
+        assert not pol._shows(s, s / 4)
+    assert pol.shown == 4.0 and pol.shown_swing == 48.0
+
+
 def test_a_client_that_says_its_session_waits_on_a_tool_proves_the_bets_first() -> None:
     """The first lookup whose client says the turn ends in a tool call (``then``) is
     the bets' first proof: the traffic they were built for. Any other named lookup
