@@ -182,8 +182,9 @@ class AdaptivePolicy(Guard, Policy):
         self._fghost: FrequencyGhost | None = None
         self.count_advantage = 0.0
         #: the named-session bets' own ghost, and its hits minus the LRU ghost's since
-        #: the bets last lost the lead (and the sum of their squares): on named sessions
-        #: the bets place blocks only once it is ``prove`` roots above zero
+        #: the bets last lost the lead, counted from their lowest point (and the sum of
+        #: their squares, over every request since): on named sessions the bets place
+        #: blocks only once it is ``prove`` roots above zero
         self._wghost: WorkloadGhost | None = None
         self.shown = 0.0
         self.shown_swing = 0.0
