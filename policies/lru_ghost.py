@@ -96,8 +96,8 @@ class LRUGhost:
         move = ghost.move_to_end
         gone = self.gone
         lost = 0
-        added: list[Hashable] = []
-        links: list[tuple[Hashable, Hashable | None, int]] = []
+        #: the keys added, each with its parent and size (as ChildIndex.add_many takes them)
+        added: list[tuple[Hashable, Hashable | None, int]] = []
         j = len(keys)
         for k in reversed(keys[start:]):  # the engine's order: the first block ends most recent
             j -= 1
@@ -110,9 +110,8 @@ class LRUGhost:
                     self.gone_used -= n
                 self.used += size
                 ghost[k] = size
-                added.append(k)
-                links.append((k, keys[j - 1] if j else None, size))
-        self.children.add_many(links)
+                added.append((k, keys[j - 1] if j else None, size))
+        self.children.add_many(added)
         if self.used > self.capacity:
             shield = (self.retained.shield(ghost, self.capacity, now) if self.retained
                       else None)
@@ -123,7 +122,7 @@ class LRUGhost:
                                 self.used - self.capacity, shield):
                 if k in ghost:
                     self._evict(k)
-        for k in added:  # (the request alone fills it: its own tail goes, as the engine's)
+        for k, _, _ in added:  # (the request alone fills it: its own tail goes, as the engine's)
             if self.used <= self.capacity:
                 break
             if k in ghost:

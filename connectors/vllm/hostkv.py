@@ -50,8 +50,10 @@ class HostKV:
         copied body do not hash to the slot's checksum (a slot without one is copied
         unchecked). Hashing what was copied is the stronger check: a slot overwritten
         while it was read fails as surely as a corrupt one. Needs :attr:`direct`."""
+        if not self.direct:
+            raise LayoutError("from_slots_checked: a layer's blocks are not runs of its tensor")
         layers = self.layout.layers
-        bases = self._bases
+        bases: list[Bytes] = [b for b in self._bases if b is not None]
         arrays = SlotArrays()
         failed: list[int] = []
         for j, (block, slot) in enumerate(zip(block_ids, slots, strict=True)):
@@ -59,8 +61,6 @@ class HostKV:
             at = slot.offset + header
             h = xxhash.xxh3_64(slot.buffer[slot.offset:at]) if slot.checksum is not None else None
             for layer, base in zip(layers, bases, strict=True):
-                if base is None:
-                    raise LayoutError(f"layer {layer.name} is not rows of its tensor")
                 n = layer.nbytes
                 o = layer.first_byte + block * layer.block_stride
                 dst = base[o:o + n]
