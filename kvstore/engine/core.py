@@ -333,9 +333,13 @@ class Engine:
                              then, tool, expected_gap_s, engine_hit_tokens)
         # The answer goes first: the hits' recency and the live profile's look at the
         # request are told once the loop is free (before the policy's next call in any
-        # case), off the Lookup's latency on the engine's scheduler step.
-        asyncio.get_running_loop().call_soon(self._after_lookup, namespace, hashes, session_id,
-                                             workload, found.repeat)
+        # case), off the Lookup's latency on the engine's scheduler step. Two turns on,
+        # not one: what was ready when the Lookup ended (another caller's turn, a
+        # finished read) runs first, not after ~0.3 ms of bookkeeping (loop lag under a
+        # save storm, docs/benchmarks/dataplane.md).
+        loop = asyncio.get_running_loop()
+        loop.call_soon(loop.call_soon, self._after_lookup, namespace, hashes, session_id,
+                       workload, found.repeat)
         found = await self.lookups.extend(namespace, hashes, found)
         if hold and found.media and self.plane is not None:
             held = await self.plane.acquire(namespace, hashes[:len(found.media)],

@@ -179,9 +179,10 @@ class _Told(LRUPolicy):
 
 
 async def test_a_served_lookup_answers_before_its_hits_bookkeeping_in_the_same_order() -> None:
-    """The hits' recency reaches the policy after the answer: once the loop is free, or
-    before the policy's next call, whichever is first (the calls it always got, in the
-    order it always got them); the synchronous lookup tells it at once."""
+    """The hits' recency reaches the policy after the answer: once the loop is free and
+    what was ready then has run, or before the policy's next call, whichever is first
+    (the calls it always got, in the order it always got them); the synchronous lookup
+    tells it at once."""
     tier = MemoryTier(64 * KiB, name="fast", medium=Medium.CPU)
     policy = _Told([TierSpec(tier.name, tier.capacity_bytes)])
     eng = Engine([tier], policy, RecordingSink(), clock=Clock())
@@ -194,7 +195,12 @@ async def test_a_served_lookup_answers_before_its_hits_bookkeeping_in_the_same_o
         found = await eng.serve_lookup(NS, [x.block_hash for x in a], request_id="r1")
         assert found.media == [Medium.CPU] * 3
         assert policy.told == [("request", 3)]  # answered; the hits not told yet
+        # Another caller's turn, ready when the Lookup ended, runs before the bookkeeping.
+        seen: list[list[tuple[str, int]]] = []
+        asyncio.get_running_loop().call_soon(lambda: seen.append(list(policy.told)))
         await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert seen == [[("request", 3)]]
         assert policy.told == [("request", 3), ("hits", 3)]
         # not let go in between: the next call reaches the policy after the hits
         policy.told.clear()
@@ -227,7 +233,8 @@ async def test_serve_lookup_feeds_the_profile_once_per_request_and_holds() -> No
         assert all(BlockKey(NS, h) in eng.leases.pins for h in hashes)
         again = await eng.serve_lookup(NS, hashes, "s1", request_id="r")
         assert again.repeat and again.held is None
-        await asyncio.sleep(0)  # (the profile is told once the answer is out)
+        await asyncio.sleep(0)  # (the profile is told once the answer is out,
+        await asyncio.sleep(0)  # two turns on)
         snap = profile.snapshot()
         assert snap.requests == 1  # the repeat is not a request of its own
         assert eng.stats.lookups == 1
