@@ -64,7 +64,7 @@ class EvictionManager:
         """:meth:`on_access_many`, passed to the policy at :meth:`settle` or before any
         other call reaches it, whichever is first: the policy sees the calls it would
         have seen, in the same order, with the same ``now``. A lookup's answer does not
-        wait for its hits' recency bookkeeping (the server settles right after the
+        wait for its hits' recency bookkeeping (the server settles two loop turns after the
         reply); a hit whose block left its tier meanwhile is one the policy passes over,
         as it does for any access to a key it no longer holds."""
         self._later.append((keys, tiers, now))

@@ -4,7 +4,7 @@ What a call costs the server's event loop, timed as the loop thread's CPU time
 (``time.thread_time``) rather than wall time, so that other jobs on a shared machine
 move it little: the Lookup of 1,000 stored hashes (request parsed and response
 serialised as gRPC would; without a session, as ``kvstore bench`` sends it, and with
-one; to the answer, and what it leaves for the loop's next turn), and Reserve, Commit
+one; to the answer, and what it leaves for the loop's next turns), and Reserve, Commit
 (the payloads written into the slots and their checksums sent, as a client does) and
 Acquire per block of a batch, each batch stored the two ways clients
 store: after a Lookup of the same ``request_id`` (the vLLM connector's path: the Reserve
