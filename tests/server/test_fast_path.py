@@ -217,6 +217,38 @@ def test_the_busy_lag_counts_work_that_holds_the_loop():
     assert asyncio.run(main()) >= 50  # a callback posted meanwhile waited for it
 
 
+def test_the_busy_lag_counts_work_that_keeps_the_gil():
+    # Python running on the loop keeps the GIL: the sampler's thread cannot even post
+    # until it lets go. Its callback is stamped with the time it was due, so that wait
+    # counts (a stamp taken once the thread ran read these holds as ~0.1 ms).
+    import asyncio
+    import time
+
+    from kvstore.server.looplag import LoopLag
+
+    async def main() -> tuple[float, float]:
+        lag = LoopLag(interval_s=0.002)
+        task = asyncio.get_running_loop().create_task(lag.run())
+        await asyncio.sleep(0.05)
+        end = time.monotonic() + 0.6
+        while time.monotonic() < end:
+            hold = time.perf_counter() + 0.008
+            while time.perf_counter() < hold:  # 8 ms of Python: the GIL kept
+                pass
+            await asyncio.sleep(0.002)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        busy = lag.busy_summary(60)
+        return busy.p99_ms, busy.max_ms
+
+    p99, most = asyncio.run(main())
+    # (a sample falls due in each hold and waits for most of it: the old stamp read
+    # the longest as ~1 ms)
+    assert most >= 5
+    assert p99 >= 4
+
+
 def _seen_commits(monkeypatch: pytest.MonkeyPatch, plane: Any) -> list[list[Any]]:
     """The slots of each commit the servicer hands the plane (descriptors or ids)."""
     seen: list[list[Any]] = []
