@@ -39,6 +39,7 @@ def _serve(args: argparse.Namespace) -> int:
     import faulthandler
 
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` dumps every thread's stack
+    sys.setswitchinterval(cfg.server.gil_switch_s)  # (the GIL's turns: server.gil_switch_s)
     from kvstore.server.app import run_served
 
     run_served(_run_server(cfg))

@@ -106,6 +106,12 @@ class ServerConfig:
     #: whole index on the event loop (0.3-0.8 s at 100,000-200,000 stored blocks);
     #: 0: Python's own collections (see ``kvstore.server.heap``).
     gc_freeze_s: float = 0.25
+    #: How long a thread may keep the GIL while another waits for it
+    #: (``sys.setswitchinterval``; Python's default is 5 ms). With the loop busy, a
+    #: thread that has a result for it (or the loop, while a thread runs Python) waited
+    #: up to that long for each turn: 0.5 ms cut the loop's busy lag p99 two to four
+    #: times (docs/benchmarks/dataplane.md, 2026-12-08).
+    gil_switch_s: float = 0.0005
 
     def validate(self) -> None:
         parse_hostport(self.listen, "server.listen")
@@ -129,6 +135,9 @@ class ServerConfig:
         if not 0 <= self.gc_freeze_s <= 3600:
             raise ConfigError(
                 f"server.gc_freeze_s: must be in [0, 3600] seconds, got {self.gc_freeze_s!r}")
+        if not 0 < self.gil_switch_s <= 1:
+            raise ConfigError(
+                f"server.gil_switch_s: must be in (0, 1] seconds, got {self.gil_switch_s!r}")
         for name in ("max_hashes_per_call", "max_block_tokens", "max_concurrent_rpcs",
                      "max_put_streams"):
             if getattr(self, name) <= 0:

@@ -171,6 +171,13 @@ async def test_the_keeper_takes_a_positive_interval() -> None:
         await keep_frozen(0)
 
 
+def test_gil_switch_s_is_checked() -> None:
+    assert load_config(env={}).server.gil_switch_s == 0.0005
+    for bad in (0, -1, float("nan"), 2):
+        with pytest.raises(ConfigError, match="server.gil_switch_s"):
+            load_config(env={}, overrides={"server": {"gil_switch_s": bad}})
+
+
 def test_gc_freeze_s_is_checked() -> None:
     assert load_config(env={}, overrides={"server": {"gc_freeze_s": 0}}).server.gc_freeze_s == 0
     for bad in (-1, float("nan"), 7200):
