@@ -109,8 +109,8 @@ class ServerConfig:
     #: How long a thread may keep the GIL while another waits for it
     #: (``sys.setswitchinterval``; Python's default is 5 ms). With the loop busy, a
     #: thread that has a result for it (or the loop, while a thread runs Python) waited
-    #: up to that long for each turn: 0.5 ms cut the loop's busy lag p99 two to four
-    #: times (docs/benchmarks/dataplane.md, 2026-12-08).
+    #: up to that long for each turn: 0.5 ms cut the loop's busy lag p99 with Lookups
+    #: back to back 2.6 to 5.6 times (docs/benchmarks/dataplane.md, 2026-12-08).
     gil_switch_s: float = 0.0005
 
     def validate(self) -> None:
